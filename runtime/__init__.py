@@ -1,0 +1,1 @@
+"""Decoupled DiLoCo runtime: learners, syncer, controller, data and metrics."""
