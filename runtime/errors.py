@@ -1,0 +1,13 @@
+"""Errors raised at the project's boundaries, each naming what was wrong."""
+
+
+class ConfigError(ValueError):
+  """A config field has a value outside what it allows; the message names the field."""
+
+  def __init__(self, field: str, value: object, allowed: str):
+    super().__init__(f"config field '{field}' = {value!r} is invalid: allowed {allowed}")
+    self.field = field
+
+
+class DataError(ValueError):
+  """The corpus or a data position cannot be used; the message says which and why."""
