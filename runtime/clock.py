@@ -1,0 +1,173 @@
+"""Two clocks behind one controller: wall time, or seeded discrete-event virtual time.
+
+The controller never asks "what time is it" and "what happened" separately: it schedules events
+(timers, device programs, merges) on the clock and takes them back in the order the clock decides.
+The virtual clock orders them by modeled time, so the same seed gives the same run; the real clock
+orders them as they actually finish.
+"""
+
+import concurrent.futures
+import dataclasses
+import heapq
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from runtime.config import ClockConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+  """Something that happens to the controller: `kind` with an optional learner and payload."""
+
+  kind: str
+  learner: int = -1
+  payload: Any = None
+
+
+def _ready(work: Any) -> bool:
+  """True when a JAX result pytree or a concurrent future has finished (or failed)."""
+  if isinstance(work, concurrent.futures.Future):
+    return work.done()
+  return all(leaf.is_ready() for leaf in jax.tree.leaves(work) if isinstance(leaf, jax.Array))
+
+
+class _Timeline:
+  """Events kept in time order; ties break in scheduling order."""
+
+  def __init__(self):
+    self._heap: list[tuple[float, int, Event]] = []
+    self._seq = 0
+
+  def push(self, at: float, event: Event) -> None:
+    heapq.heappush(self._heap, (at, self._seq, event))
+    self._seq += 1
+
+  def peek_time(self) -> float:
+    return self._heap[0][0] if self._heap else float("inf")
+
+  def pop(self) -> tuple[float, Event]:
+    at, _, event = heapq.heappop(self._heap)
+    return at, event
+
+  def __len__(self) -> int:
+    return len(self._heap)
+
+
+class VirtualClock:
+  """Deterministic time: work takes its modeled duration, whatever the host really spent."""
+
+  virtual = True
+
+  def __init__(self, cfg: ClockConfig, num_learners: int, seed: int):
+    self.cfg = cfg
+    self._speeds = np.asarray(cfg.speeds or (1.0,) * num_learners, np.float64)
+    self._rng = np.random.default_rng(seed)
+    self._timeline = _Timeline()
+    self._now = 0.0
+    self._slowdown: dict[int, float] = {}
+
+  def now(self) -> float:
+    return self._now
+
+  def set_slowdown(self, learner: int, factor: float) -> None:
+    """Extra slowdown factor for a learner (a straggler fault); 1 clears it."""
+    self._slowdown[learner] = factor
+
+  def step_seconds(self, learner: int) -> float:
+    """Modeled seconds per inner step for this learner now (speed × straggling × seeded jitter)."""
+    jitter = 1.0 + self.cfg.jitter * self._rng.standard_normal() if self.cfg.jitter else 1.0
+    return self.cfg.step_seconds * self._speeds[learner] * self._slowdown.get(learner, 1.0) * max(jitter, 0.05)
+
+  def transfer_seconds(self, num_bytes: int) -> float:
+    return self.cfg.latency_s + num_bytes / self.cfg.bandwidth_bytes_per_s
+
+  def after(self, delay: float, event: Event) -> None:
+    self._timeline.push(self._now + max(delay, 0.0), event)
+
+  def on_done(self, work: Any, modeled_seconds: float, event: Event) -> None:
+    """`event` fires `modeled_seconds` from now; the controller awaits `work` when handling it."""
+    self.after(modeled_seconds, event)
+
+  def cancel(self, predicate: Callable[[Event], bool]) -> None:
+    self._timeline = _filtered(self._timeline, predicate)
+
+  def pending(self) -> int:
+    return len(self._timeline)
+
+  def next_event(self) -> tuple[float, Event]:
+    at, event = self._timeline.pop()
+    self._now = at
+    return at, event
+
+
+class RealClock:
+  """Wall time: device programs and merges fire when they really finish."""
+
+  virtual = False
+  _POLL_S = 0.0005
+
+  def __init__(self, cfg: ClockConfig, num_learners: int, seed: int):
+    del num_learners, seed
+    self.cfg = cfg
+    self._start = time.perf_counter()
+    self._timeline = _Timeline()
+    self._watching: list[tuple[int, Any, Event]] = []
+    self._seq = 0
+
+  def now(self) -> float:
+    return time.perf_counter() - self._start
+
+  def set_slowdown(self, learner: int, factor: float) -> None:
+    del learner, factor  # real hardware is as slow as it is
+
+  def step_seconds(self, learner: int) -> float:
+    del learner
+    return 0.0
+
+  def transfer_seconds(self, num_bytes: int) -> float:
+    del num_bytes  # the transfer itself spends the real time
+    return 0.0
+
+  def after(self, delay: float, event: Event) -> None:
+    self._timeline.push(self.now() + max(delay, 0.0), event)
+
+  def on_done(self, work: Any, modeled_seconds: float, event: Event) -> None:
+    del modeled_seconds
+    self._watching.append((self._seq, work, event))
+    self._seq += 1
+
+  def cancel(self, predicate: Callable[[Event], bool]) -> None:
+    self._timeline = _filtered(self._timeline, predicate)
+    self._watching = [w for w in self._watching if not predicate(w[2])]
+
+  def pending(self) -> int:
+    return len(self._timeline) + len(self._watching)
+
+  def next_event(self) -> tuple[float, Event]:
+    while True:
+      now = self.now()
+      if self._timeline.peek_time() <= now:
+        return self._timeline.pop()
+      for i, (_, work, event) in enumerate(self._watching):
+        if _ready(work):
+          del self._watching[i]
+          return now, event
+      if not self._watching and not len(self._timeline):
+        raise RuntimeError("next_event() with nothing scheduled")
+      time.sleep(min(self._POLL_S, max(self._timeline.peek_time() - now, 0.0)))
+
+
+def _filtered(timeline: _Timeline, predicate: Callable[[Event], bool]) -> _Timeline:
+  kept = _Timeline()
+  for at, _, event in sorted(timeline._heap):  # pylint: disable=protected-access
+    if not predicate(event):
+      kept.push(at, event)
+  return kept
+
+
+def make_clock(cfg: ClockConfig, num_learners: int, seed: int) -> VirtualClock | RealClock:
+  """The clock named by cfg.kind."""
+  return (VirtualClock if cfg.kind == "virtual" else RealClock)(cfg, num_learners, seed)

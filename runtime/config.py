@@ -1,0 +1,237 @@
+"""Typed, validated experiment config: the boundary between ml_collections and library code."""
+
+import dataclasses
+from typing import Any, Sequence
+
+import ml_collections
+
+from models.transformer import ModelConfig
+from runtime.errors import ConfigError
+
+MODES = ("decoupled", "diloco_sync", "dp")
+CLOCKS = ("virtual", "real")
+MERGE_METHODS = ("rda", "mean")
+GRACE_KINDS = ("none", "adaptive", "fixed")
+RECEIVE_MODES = ("overwrite", "mix")
+OUTER_GRAD_BASES = ("current", "base")
+POSITIONS = ("rotary", "learned")
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Corpus and batching."""
+
+  path: str = "stdlib"
+  eval_fraction: float = 0.02
+  max_bytes: int | None = None
+  seq_len: int = 128
+  batch_size: int = 32  # global: summed over all learners / all devices
+  prefetch: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class InnerOptConfig:
+  """Inner AdamW with linear warmup and cosine decay."""
+
+  lr: float = 3e-3
+  warmup_steps: int = 20
+  min_lr_ratio: float = 0.1
+  weight_decay: float = 0.1
+  b1: float = 0.9
+  b2: float = 0.95
+  grad_clip: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class OuterConfig:
+  """Syncer: outer Nesterov SGD, quorum, merge rule, grace window, redistribution."""
+
+  lr: float = 0.7
+  momentum: float = 0.9
+  nesterov: bool = True
+  quorum: int = 1
+  merge: str = "rda"
+  embed_mean: bool = True  # embeddings use the plain weighted mean under RDA
+  token_weighting: bool = True
+  outer_grad_base: str = "current"  # Δ_m = Θ_current − θ_m, or Θ_base(m) − θ_m
+  grace: str = "adaptive"
+  grace_gamma: float = 1.0
+  grace_seconds: float = 0.0  # for grace == "fixed"
+  ema_decay: float = 0.9  # moving averages behind the adaptive grace window
+  receive: str = "overwrite"
+  mix_alpha: float = 0.0  # receive == "mix": θ ← (1−α)·Θ + α·θ_local
+
+
+@dataclasses.dataclass(frozen=True)
+class ClockConfig:
+  """Time model: real wall time, or a seeded virtual clock for reproducible asynchrony."""
+
+  kind: str = "virtual"
+  step_seconds: float = 1.0  # virtual seconds per inner step at speed 1
+  speeds: tuple[float, ...] = ()  # per-learner slowdown factors; empty = all 1
+  jitter: float = 0.0  # relative std of per-round step-time noise
+  bandwidth_bytes_per_s: float = 1e9  # learner <-> syncer link, each way
+  latency_s: float = 0.0
+  merge_seconds: float = 0.0  # virtual cost of one merge on the syncer
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """Everything one training run needs."""
+
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  inner: InnerOptConfig = dataclasses.field(default_factory=InnerOptConfig)
+  outer: OuterConfig = dataclasses.field(default_factory=OuterConfig)
+  clock: ClockConfig = dataclasses.field(default_factory=ClockConfig)
+  mode: str = "decoupled"
+  seed: int = 0
+  num_devices: int = 8  # simulated CPU devices (ignored on real accelerators)
+  learners: int = 4
+  slices: int = 0  # 0 = one slice per learner; more leaves spare slices
+  inner_steps: int = 30  # H
+  overlap_steps: int = 0  # τ: inner steps a learner keeps training while its report syncs
+  total_steps: int = 300  # per-learner inner steps at full global batch; fixes the token budget
+  eval_every: int = 50  # inner steps between evals (DP) / per learner (DiLoCo: rounded to rounds)
+  eval_batches: int = 8
+  log_every: int = 10
+  fsdp: bool = False  # shard parameters along the slice's data axis
+  progress: bool = True
+  tensorboard: bool = True
+
+  @property
+  def tokens_per_step(self) -> int:
+    """Tokens the whole job trains on per inner step (global batch × sequence length)."""
+    return self.data.batch_size * self.data.seq_len
+
+  @property
+  def token_budget(self) -> int:
+    """Training tokens the run consumes, the same for every mode."""
+    return self.total_steps * self.tokens_per_step
+
+  @property
+  def num_slices(self) -> int:
+    return self.slices or (1 if self.mode == "dp" else self.learners)
+
+
+def _check(cond: bool, field: str, value: object, allowed: str) -> None:
+  if not cond:
+    raise ConfigError(field, value, allowed)
+
+
+def _build(cls: type, cfg: ml_collections.ConfigDict | None, prefix: str) -> Any:
+  """Builds a frozen dataclass, rejecting unknown fields and coercing sequences to tuples."""
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  values = {}
+  for key, value in (cfg.to_dict() if cfg is not None else {}).items():
+    if key not in fields:
+      raise ConfigError(f"{prefix}{key}", value, f"one of the fields {sorted(fields)}")
+    values[key] = tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else value
+  return cls(**values)
+
+
+# Named model sizes; fields set explicitly under `model` override the preset.
+MODEL_SIZES = {
+    "tiny": dict(num_layers=2, d_model=64, num_heads=4, mlp_dim=256),
+    "small": dict(num_layers=2, d_model=128, num_heads=4, mlp_dim=512),
+    "base": dict(num_layers=4, d_model=256, num_heads=8, mlp_dim=1024),
+    "100m": dict(num_layers=12, d_model=768, num_heads=12, mlp_dim=3072, max_len=512),
+}
+
+def _build_model(cfg: ml_collections.ConfigDict | None) -> ModelConfig:
+  """ModelConfig from an optional `size` preset plus explicit field overrides."""
+  fields = dict(cfg.to_dict()) if cfg is not None else {}
+  size = fields.pop("size", None)
+  if size is not None and size not in MODEL_SIZES:
+    raise ConfigError("model.size", size, f"one of {sorted(MODEL_SIZES)}")
+  return _build(ModelConfig, ml_collections.ConfigDict({**MODEL_SIZES.get(size, {}), **fields}), "model.")
+
+
+SECTIONS = dict(model=ModelConfig, data=DataConfig, inner=InnerOptConfig, outer=OuterConfig, clock=ClockConfig)
+
+
+def from_config_dict(cfg: ml_collections.ConfigDict) -> RunConfig:
+  """Converts and validates a ConfigDict; every error names the field and the allowed values."""
+  nested = {name: _build(cls, cfg.get(name), f"{name}.") for name, cls in SECTIONS.items() if name != "model"}
+  nested["model"] = _build_model(cfg.get("model"))
+  top = ml_collections.ConfigDict({k: v for k, v in cfg.items() if k not in SECTIONS})
+  return with_mode(dataclasses.replace(_build(RunConfig, top, ""), **nested), top.get("mode", "decoupled"))
+
+
+def with_mode(run: RunConfig, mode: str) -> RunConfig:
+  """The run in `mode`, validated; synchronous DiLoCo waits for every learner (K = M, no grace)."""
+  _check(mode in MODES, "mode", mode, f"one of {MODES}")
+  run = dataclasses.replace(run, mode=mode)
+  if mode == "diloco_sync":
+    run = dataclasses.replace(run, outer=dataclasses.replace(run.outer, quorum=run.learners, grace="none"))
+  validate(run)
+  return run
+
+
+def validate(run: RunConfig) -> None:
+  """Raises ConfigError on the first field outside what it allows."""
+  m, d, i, o, c = run.model, run.data, run.inner, run.outer, run.clock
+  _check(run.mode in MODES, "mode", run.mode, f"one of {MODES}")
+  _check(run.num_devices >= 1, "num_devices", run.num_devices, "an integer >= 1")
+  _check(run.learners >= 1, "learners", run.learners, "an integer >= 1")
+  _check(run.slices == 0 or run.slices >= run.learners, "slices", run.slices,
+         f"0 (one per learner) or >= learners ({run.learners})")
+  _check(run.inner_steps >= 1, "inner_steps", run.inner_steps, "an integer >= 1")
+  _check(0 <= run.overlap_steps < run.inner_steps, "overlap_steps", run.overlap_steps,
+         f"0 <= overlap_steps < inner_steps ({run.inner_steps})")
+  _check(run.total_steps >= 1, "total_steps", run.total_steps, "an integer >= 1")
+  _check(run.eval_every >= 1, "eval_every", run.eval_every, "an integer >= 1")
+  _check(run.eval_batches >= 1, "eval_batches", run.eval_batches, "an integer >= 1")
+  _check(run.log_every >= 1, "log_every", run.log_every, "an integer >= 1")
+  _check(m.positions in POSITIONS, "model.positions", m.positions, f"one of {POSITIONS}")
+  _check(m.dtype in DTYPES, "model.dtype", m.dtype, f"one of {DTYPES}")
+  for name in ("num_layers", "d_model", "num_heads", "mlp_dim", "max_len"):
+    _check(getattr(m, name) >= 1, f"model.{name}", getattr(m, name), "an integer >= 1")
+  _check(m.d_model % m.num_heads == 0 and (m.d_model // m.num_heads) % 2 == 0, "model.num_heads", m.num_heads,
+         f"a divisor of model.d_model ({m.d_model}) leaving an even head size")
+  _check(m.vocab_size == 256, "model.vocab_size", m.vocab_size, "256 (byte-level)")
+  _check(d.seq_len >= 1, "data.seq_len", d.seq_len, "an integer >= 1")
+  _check(d.seq_len <= m.max_len, "data.seq_len", d.seq_len, f"<= model.max_len ({m.max_len})")
+  _check(0.0 < d.eval_fraction < 1.0, "data.eval_fraction", d.eval_fraction, "a float in (0, 1)")
+  _check(d.max_bytes is None or d.max_bytes > 0, "data.max_bytes", d.max_bytes, "None or a positive integer")
+  _check(d.prefetch >= 1, "data.prefetch", d.prefetch, "an integer >= 1")
+  groups = 1 if run.mode == "dp" else run.learners
+  per_slice = run.num_devices // max(run.num_slices, 1)
+  _check(d.batch_size >= 1 and d.batch_size % groups == 0, "data.batch_size", d.batch_size,
+         f"a positive multiple of learners ({groups})")
+  if run.mode == "dp":
+    _check(d.batch_size % run.num_devices == 0, "data.batch_size", d.batch_size,
+           f"a multiple of num_devices ({run.num_devices})")
+  else:
+    _check(run.num_devices % run.num_slices == 0, "num_devices", run.num_devices,
+           f"a multiple of the number of slices ({run.num_slices})")
+    _check((d.batch_size // groups) % per_slice == 0, "data.batch_size", d.batch_size,
+           f"a multiple of learners × devices per slice ({groups} × {per_slice})")
+  _check(i.lr > 0, "inner.lr", i.lr, "a float > 0")
+  _check(0 <= i.warmup_steps, "inner.warmup_steps", i.warmup_steps, "an integer >= 0")
+  _check(0 <= i.min_lr_ratio <= 1, "inner.min_lr_ratio", i.min_lr_ratio, "a float in [0, 1]")
+  _check(i.weight_decay >= 0, "inner.weight_decay", i.weight_decay, "a float >= 0")
+  _check(0 <= i.b1 < 1 and 0 <= i.b2 < 1, "inner.b1/inner.b2", (i.b1, i.b2), "floats in [0, 1)")
+  _check(i.grad_clip > 0, "inner.grad_clip", i.grad_clip, "a float > 0")
+  _check(o.lr > 0, "outer.lr", o.lr, "a float > 0")
+  _check(0 <= o.momentum < 1, "outer.momentum", o.momentum, "a float in [0, 1)")
+  _check(1 <= o.quorum <= run.learners, "outer.quorum", o.quorum, f"an integer in [1, learners={run.learners}]")
+  _check(o.merge in MERGE_METHODS, "outer.merge", o.merge, f"one of {MERGE_METHODS}")
+  _check(o.outer_grad_base in OUTER_GRAD_BASES, "outer.outer_grad_base", o.outer_grad_base,
+         f"one of {OUTER_GRAD_BASES}")
+  _check(o.grace in GRACE_KINDS, "outer.grace", o.grace, f"one of {GRACE_KINDS}")
+  _check(0 <= o.grace_gamma <= 1, "outer.grace_gamma", o.grace_gamma, "a float in [0, 1]")
+  _check(o.grace_seconds >= 0, "outer.grace_seconds", o.grace_seconds, "a float >= 0")
+  _check(0 <= o.ema_decay < 1, "outer.ema_decay", o.ema_decay, "a float in [0, 1)")
+  _check(o.receive in RECEIVE_MODES, "outer.receive", o.receive, f"one of {RECEIVE_MODES}")
+  _check(0 <= o.mix_alpha < 1, "outer.mix_alpha", o.mix_alpha, "a float in [0, 1)")
+  _check(c.kind in CLOCKS, "clock.kind", c.kind, f"one of {CLOCKS}")
+  _check(c.step_seconds > 0, "clock.step_seconds", c.step_seconds, "a float > 0")
+  _check(not c.speeds or len(c.speeds) == run.learners, "clock.speeds", c.speeds,
+         f"empty or one factor per learner ({run.learners})")
+  _check(all(s > 0 for s in c.speeds), "clock.speeds", c.speeds, "positive slowdown factors")
+  _check(0 <= c.jitter < 1, "clock.jitter", c.jitter, "a float in [0, 1)")
+  _check(c.bandwidth_bytes_per_s > 0, "clock.bandwidth_bytes_per_s", c.bandwidth_bytes_per_s, "a float > 0")
+  _check(c.latency_s >= 0 and c.merge_seconds >= 0, "clock.latency_s/clock.merge_seconds",
+         (c.latency_s, c.merge_seconds), "floats >= 0")

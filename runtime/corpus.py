@@ -1,0 +1,144 @@
+"""Byte-level corpus: resolve `data.path` to files, read them once, split train/eval by file."""
+
+import dataclasses
+import glob
+import hashlib
+import os
+import pathlib
+import re
+import sysconfig
+
+import numpy as np
+
+from runtime.errors import DataError
+
+STDLIB = "stdlib"
+# NUL does not occur in text, so it marks document boundaries without colliding with content.
+SEPARATOR = b"\x00"
+
+_GLOB_MAGIC = re.compile(r"[*?[]")
+# Installed packages are not the standard library, and bytecode caches are not text.
+_STDLIB_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
+_DIR_SKIP_DIRS = frozenset({"__pycache__"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+  """Train and eval byte streams (uint8, 1-D) and how many files each came from."""
+
+  train: np.ndarray
+  eval: np.ndarray
+  train_files: int
+  eval_files: int
+
+
+def resolve_files(path: str) -> list[pathlib.Path]:
+  """Non-empty files named by `path`: "stdlib", a file, a directory (recursive) or a glob."""
+  return _resolve(path)[1]
+
+
+def load_corpus(path: str, eval_fraction: float, max_bytes: int | None = None) -> Corpus:
+  """Reads the files once, capped at `max_bytes`, and splits them into train/eval by path hash."""
+  if not 0.0 < eval_fraction < 1.0:
+    raise DataError(
+        f"data.eval_fraction = {eval_fraction!r} is invalid: allowed 0 < eval_fraction < 1")
+  if max_bytes is not None and max_bytes < 1:
+    raise DataError(f"data.max_bytes = {max_bytes!r} is invalid: allowed None or an integer >= 1")
+  root, files = _resolve(path)
+  docs = _read(root, files, max_bytes)
+  if len(docs) == 1:
+    # One file has no other file to hold out, so its tail becomes the eval split.
+    data = docs[0][1]
+    cut = len(data) - max(1, round(len(data) * eval_fraction))
+    train, held_out, train_files, eval_files = data[:cut], data[cut:], 1, 1
+  else:
+    in_eval = [_hash_fraction(rel) < eval_fraction for rel, _ in docs]
+    if not any(in_eval):
+      in_eval[0] = True
+    elif all(in_eval):
+      in_eval[0] = False
+    train = SEPARATOR.join(data for (_, data), e in zip(docs, in_eval) if not e)
+    held_out = SEPARATOR.join(data for (_, data), e in zip(docs, in_eval) if e)
+    eval_files = sum(in_eval)
+    train_files = len(docs) - eval_files
+  if len(train) < 2:
+    raise DataError(
+        f"data.path = {path!r}: the train split has {len(train)} byte(s); "
+        "at least 2 are needed for one input and its next-byte target")
+  return Corpus(
+      train=np.frombuffer(train, dtype=np.uint8),
+      eval=np.frombuffer(held_out, dtype=np.uint8),
+      train_files=train_files,
+      eval_files=eval_files)
+
+
+def _resolve(path: str) -> tuple[pathlib.Path, list[pathlib.Path]]:
+  """The root that file identities are relative to, and the sorted non-empty files under it."""
+  if path == STDLIB:
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    files = _walk(root, _STDLIB_SKIP_DIRS, suffix=".py")
+    tried = f"Python sources under the standard library {str(root)!r}"
+  else:
+    expanded = os.path.abspath(os.path.expanduser(path))
+    if os.path.isfile(expanded):
+      root = pathlib.Path(expanded).parent
+      files = [pathlib.Path(expanded)]
+      tried = f"the file {expanded!r}"
+    elif os.path.isdir(expanded):
+      root = pathlib.Path(expanded)
+      files = _walk(root, _DIR_SKIP_DIRS, suffix="")
+      tried = f"files under the directory {expanded!r} (hidden entries and __pycache__ skipped)"
+    elif _GLOB_MAGIC.search(path):
+      root = _glob_root(expanded)
+      files = [pathlib.Path(p) for p in glob.glob(expanded, recursive=True) if os.path.isfile(p)]
+      tried = f"the glob pattern {expanded!r}"
+    else:
+      raise DataError(
+          f"data.path = {path!r}: no such file or directory; allowed {STDLIB!r}, "
+          "a file, a directory or a glob pattern (with ** for any depth)")
+  if not files:
+    raise DataError(f"data.path = {path!r} matched no files; tried {tried}")
+  non_empty = sorted(f for f in files if f.stat().st_size > 0)
+  if not non_empty:
+    raise DataError(
+        f"data.path = {path!r}: all {len(files)} matched file(s) are empty; tried {tried}")
+  return root, non_empty
+
+
+def _walk(root: pathlib.Path, skip_dirs: frozenset[str], suffix: str) -> list[pathlib.Path]:
+  """Regular files under `root` ending in `suffix`, pruning hidden and `skip_dirs` directories."""
+  found = []
+  for directory, subdirs, names in os.walk(root):
+    subdirs[:] = [d for d in subdirs if d not in skip_dirs and not d.startswith(".")]
+    paths = (pathlib.Path(directory, n) for n in names if n.endswith(suffix) and n[0] != ".")
+    found.extend(p for p in paths if p.is_file())
+  return found
+
+
+def _glob_root(pattern: str) -> pathlib.Path:
+  """The deepest directory of `pattern` before its first wildcard."""
+  parts = pathlib.Path(pattern).parts
+  fixed = next(i for i, part in enumerate(parts) if _GLOB_MAGIC.search(part))
+  return pathlib.Path(*parts[:fixed])
+
+
+def _read(root: pathlib.Path, files: list[pathlib.Path],
+          max_bytes: int | None) -> list[tuple[str, bytes]]:
+  """(path relative to root, contents) in sorted order, stopping once `max_bytes` are read."""
+  docs = []
+  remaining = -1 if max_bytes is None else max_bytes
+  for file in files:
+    with open(file, "rb") as f:
+      data = f.read(remaining)
+    docs.append((file.relative_to(root).as_posix(), data))
+    if max_bytes is not None:
+      remaining -= len(data)
+      if remaining == 0:
+        break
+  return docs
+
+
+def _hash_fraction(relative_path: str) -> float:
+  """A stable value in [0, 1) from the path; Python's hash() is salted per process."""
+  digest = hashlib.blake2b(relative_path.encode("utf-8"), digest_size=8).digest()
+  return int.from_bytes(digest, "big") / 2.0**64

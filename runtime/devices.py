@@ -1,0 +1,51 @@
+"""The controller's device set: simulated CPU devices, slices, and per-slice meshes."""
+
+import collections
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from runtime.errors import ConfigError
+
+
+def configure_simulated_devices(num_devices: int) -> None:
+  """Asks for `num_devices` CPU devices; must run before JAX starts a backend (no-op on accelerators)."""
+  jax.config.update("jax_num_cpu_devices", num_devices)
+
+
+def controller_devices(num_devices: int) -> list[jax.Device]:
+  """The devices the controller owns: all accelerators, or the first `num_devices` CPU devices."""
+  devices = jax.devices()
+  if devices[0].platform == "cpu":
+    if len(devices) < num_devices:
+      raise ConfigError("num_devices", num_devices,
+                        f"at most the {len(devices)} CPU devices this process has (set before JAX starts)")
+    return devices[:num_devices]
+  return devices
+
+
+def make_slices(devices: Sequence[jax.Device], num_slices: int) -> list[list[jax.Device]]:
+  """Groups devices into slices: by `slice_index` on multislice hardware, else equal consecutive groups."""
+  by_index: dict[int, list[jax.Device]] = collections.defaultdict(list)
+  for d in devices:
+    by_index[getattr(d, "slice_index", None)].append(d)
+  if None not in by_index and len(by_index) > 1:
+    if len(by_index) != num_slices:
+      raise ConfigError("slices", num_slices, f"the {len(by_index)} hardware slices present")
+    return [by_index[i] for i in sorted(by_index)]
+  if num_slices < 1 or len(devices) % num_slices:
+    raise ConfigError("slices", num_slices, f"a divisor of the {len(devices)} devices")
+  per_slice = len(devices) // num_slices
+  return [list(devices[i * per_slice:(i + 1) * per_slice]) for i in range(num_slices)]
+
+
+def slice_mesh(devices: Sequence[jax.Device]) -> Mesh:
+  """A one-axis ('data') mesh over one slice's devices."""
+  return Mesh(np.asarray(devices), ("data",))
+
+
+def host_device() -> jax.Device:
+  """Where the syncer's state lives: the host CPU."""
+  return jax.devices("cpu")[0]

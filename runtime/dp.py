@@ -1,0 +1,54 @@
+"""Synchronous data-parallel baseline: one jitted train step over a mesh of all devices."""
+
+import os
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from models import lm
+from runtime import data as data_lib
+from runtime import devices as devices_lib
+from runtime.config import RunConfig
+from runtime.experiment import Experiment, RunResult, Stopwatch, host, make_logger
+from runtime.optim import inner_optimizer
+from runtime.train_step import init_state, make_train_step
+
+
+def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str = "dp") -> RunResult:
+  """Trains for run.total_steps at the full global batch; metrics are pulled one step late."""
+  mesh = devices_lib.slice_mesh(devices_lib.controller_devices(run.num_devices))
+  tx = inner_optimizer(run.inner, run.total_steps)
+  params = jax.jit(lm.init_params, static_argnums=0, out_shardings=lm.param_shardings(run.model, mesh, run.fsdp))(
+      run.model, jax.random.key(run.seed))
+  state = jax.jit(lambda p: init_state(p, tx))(params)
+  state_sh = jax.tree.map(lambda x: x.sharding, state)
+  batch_sh = NamedSharding(mesh, P("data"))
+  step_fn = jax.jit(make_train_step(run.model, tx), in_shardings=(state_sh, batch_sh),
+                    out_shardings=(state_sh, None), donate_argnums=0)
+  stream = data_lib.Prefetcher(exp.shard(0, 1, run.data.batch_size), depth=run.data.prefetch,
+                               transform=lambda b: jax.device_put(b, batch_sh))
+  clock = Stopwatch()
+  eval_loss = float("nan")
+  with make_logger(run, workdir, name) as logger, stream:
+    pending = None  # (step, metrics) pulled one step late so dispatch never waits on the host
+    for step in range(1, run.total_steps + 1):
+      state, metrics = step_fn(state, next(stream))
+      if pending is not None:
+        _log_train(logger, run, *pending, clock())
+      pending = (step, metrics) if step % run.log_every == 0 or step == run.total_steps else None
+      if step % run.eval_every == 0 or step == run.total_steps:
+        eval_loss = exp.evaluate(state.params, mesh)
+        logger.log("eval", dict(step=step, tokens=step * run.tokens_per_step, time=clock(), eval_loss=eval_loss))
+    if pending is not None:
+      _log_train(logger, run, *pending, clock())
+    wall = clock()
+    records = logger.records
+  tokens = run.total_steps * run.tokens_per_step
+  return RunResult(run=name, mode="dp", tokens=tokens, final_eval_loss=eval_loss, wall_seconds=wall,
+                   virtual_seconds=float("nan"), tokens_per_second=tokens / wall, records=records)
+
+
+def _log_train(logger, run: RunConfig, step: int, metrics: dict, now: float) -> None:
+  m = host(metrics)
+  logger.log("train", dict(step=step, tokens=step * run.tokens_per_step, time=now,
+                           loss=float(m["loss"]), grad_norm=float(m["grad_norm"])))

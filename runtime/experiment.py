@@ -1,0 +1,101 @@
+"""What every training mode shares: corpus, held-out batches, evaluation, logging, the final report."""
+
+import dataclasses
+import os
+import pathlib
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from runtime import corpus as corpus_lib
+from runtime import data as data_lib
+from runtime import report
+from runtime.config import RunConfig
+from runtime.metrics import MetricsLogger
+from runtime.train_step import make_eval
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+  """Outcome of one run, as reported in the summary table."""
+
+  run: str
+  mode: str
+  tokens: int
+  final_eval_loss: float
+  wall_seconds: float
+  virtual_seconds: float
+  tokens_per_second: float
+  records: list = dataclasses.field(repr=False, default_factory=list)
+  extras: dict = dataclasses.field(default_factory=dict)
+
+  def row(self) -> dict:
+    """One line of the summary table."""
+    return dict(run=self.run, mode=self.mode, tokens=self.tokens, eval_loss=self.final_eval_loss,
+                wall_s=self.wall_seconds, virtual_s=self.virtual_seconds, tokens_per_s=self.tokens_per_second,
+                **self.extras)
+
+
+class Experiment:
+  """Loads the corpus once and provides shards, held-out batches and a jitted evaluator."""
+
+  def __init__(self, run: RunConfig):
+    self.run = run
+    self.corpus = corpus_lib.load_corpus(run.data.path, run.data.eval_fraction, run.data.max_bytes)
+    self.eval_batches_NxBxT = data_lib.eval_batches(
+        self.corpus.eval, batch_size=max(run.data.batch_size // max(run.learners, 1), 1),
+        seq_len=run.data.seq_len, num_batches=run.eval_batches)
+    self._evaluators: dict[Mesh, Callable] = {}
+
+  def shard(self, shard_index: int, num_shards: int, batch_size: int) -> data_lib.ShardIterator:
+    """The training stream's shard `shard_index` of `num_shards`."""
+    return data_lib.ShardIterator(self.corpus.train, batch_size=batch_size, seq_len=self.run.data.seq_len,
+                                  num_shards=num_shards, shard_index=shard_index, seed=self.run.seed)
+
+  def evaluate(self, params: PyTree, mesh: Mesh) -> float:
+    """Mean held-out loss of `params` computed on `mesh` (params must already live there)."""
+    if mesh not in self._evaluators:
+      batches = jax.device_put(self.eval_batches_NxBxT, NamedSharding(mesh, P()))
+      fn = jax.jit(make_eval(self.run.model))
+      self._evaluators[mesh] = lambda p: fn(p, batches)
+    return float(self._evaluators[mesh](params))
+
+
+def make_logger(run: RunConfig, workdir: str | os.PathLike | None, name: str) -> MetricsLogger:
+  """A metrics logger whose progress bar counts the run's token budget."""
+  return MetricsLogger(workdir, run=name, total_tokens=run.token_budget, progress=run.progress,
+                       tensorboard=run.tensorboard)
+
+
+def finish(results: list[RunResult], workdir: str | os.PathLike | None, title: str) -> str:
+  """Prints/writes the summary table and the loss plots; returns the table text."""
+  columns = list(dict.fromkeys(k for r in results for k in r.row()))
+  table = report.summary_table([r.row() for r in results], columns, title=title)
+  if workdir is not None:
+    out = pathlib.Path(workdir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.txt").write_text(table + "\n")
+    (out / "summary.md").write_text(report.summary_table([r.row() for r in results], columns, markdown=True) + "\n")
+    runs = {r.run: r.records for r in results}
+    report.plot_curves(runs, out / "loss.png", x=("tokens", "time"), title=title)
+  return table
+
+
+class Stopwatch:
+  """Wall-clock seconds since construction."""
+
+  def __init__(self):
+    self._start = time.perf_counter()
+
+  def __call__(self) -> float:
+    return time.perf_counter() - self._start
+
+
+def host(x: Any) -> Any:
+  """Explicit device-to-host pull of a metrics pytree, as numpy."""
+  return jax.tree.map(np.asarray, jax.device_get(x))

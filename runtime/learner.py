@@ -1,0 +1,151 @@
+"""A learner: one slice's mesh, data shard, parameters and inner AdamW state, and its round program."""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from models import lm
+from runtime import data as data_lib
+from runtime import devices as devices_lib
+from runtime.config import RunConfig
+from runtime.train_step import TrainState, init_state, make_round
+
+PyTree = Any
+
+TRAINING, WAITING, DOWN, DONE = "training", "waiting", "down", "done"
+
+
+@dataclasses.dataclass
+class Segment:
+  """A dispatched run of inner steps: its futures and what it consumed."""
+
+  kind: str  # "main": ends in a report; "overlap": trains while the report syncs
+  steps: int
+  tokens: int
+  start_position: dict
+  started_at: float
+  modeled_seconds: float
+  state: TrainState
+  metrics: dict
+
+
+class Learner:
+  """Owns one slice; all device work is dispatched asynchronously and awaited only in `collect`."""
+
+  def __init__(self, index: int, devices: list[jax.Device], run: RunConfig, stream: data_lib.ShardIterator,
+               tx: optax.GradientTransformation, round_program: Any = None):
+    self.index = index
+    self.devices = devices
+    self.mesh = devices_lib.slice_mesh(devices)
+    self.param_sharding = lm.param_shardings(run.model, self.mesh, run.fsdp)
+    self.batch_sharding = NamedSharding(self.mesh, P(None, "data"))
+    self.stream = stream
+    self._prefetch_depth = run.data.prefetch
+    self.prefetcher = data_lib.Prefetcher(stream, depth=run.data.prefetch)
+    self.tx = tx
+    self._round = jax.jit(make_round(run.model, tx), donate_argnums=0)
+    self.state: TrainState | None = None
+    self.status = WAITING
+    self.inflight: Segment | None = None
+    self.inbox: tuple[int, PyTree] | None = None  # (version, Θ on host) received but not yet applied
+    self.tokens = 0  # since Θ was last received
+    self.steps = 0
+    self.base_version = 0
+    self.total_steps = 0  # inner steps ever trained: drives the inner schedule
+    self.busy_seconds = 0.0
+    self.last_loss = float("nan")
+    self.reported_position: dict = self.prefetcher.state()  # data position at the end of the last report
+    self.intervals: list[tuple[str, float, float, str]] = []
+    self._state_since = 0.0
+
+  # Placement -----------------------------------------------------------------
+
+  def reset(self, theta_host: PyTree, version: int, now: float) -> None:
+    """Starts from Θ with fresh inner optimizer state (initial start, rejoin, quarantine)."""
+    params = _copy_to(theta_host, self.param_sharding)
+    self.state = jax.jit(lambda p: init_state(p, self.tx, self.total_steps))(params)
+    self._received(version, now)
+
+  def receive(self, theta_host: PyTree, version: int, mix_alpha: float, now: float) -> None:
+    """Adopts Θ (overwrite, or Streaming-DiLoCo mixing with the local parameters); keeps inner state."""
+    theta = _copy_to(theta_host, self.param_sharding)
+    if mix_alpha:
+      theta = _mix(theta, self.state.params, jnp.float32(mix_alpha))
+    self.state = self.state.replace(params=theta)
+    self._received(version, now)
+
+  def _received(self, version: int, now: float) -> None:
+    self.tokens = self.steps = 0
+    self.base_version = version
+    self.inbox = None
+    self.set_status(WAITING, now)
+
+  def params_to_host(self, host_sharding: jax.sharding.Sharding) -> PyTree:
+    """An explicit, asynchronous copy of θ_m onto the syncer's host device."""
+    return _copy_to(self.state.params, host_sharding)
+
+  # Rounds --------------------------------------------------------------------
+
+  def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float) -> Segment:
+    """Enqueues `steps` inner steps as one device program and returns at once."""
+    start = self.prefetcher.state()
+    batches_HxBxT = np.stack([next(self.prefetcher) for _ in range(steps)])
+    batches_HxBxT = jax.device_put(batches_HxBxT, self.batch_sharding)
+    state, metrics = self._round(self.state, batches_HxBxT)
+    tokens = steps * batches_HxBxT.shape[1] * (batches_HxBxT.shape[2] - 1)
+    self.inflight = Segment(kind, steps, tokens, start, now, modeled_seconds, state, metrics)
+    self.state = state
+    self.set_status(TRAINING, now)
+    return self.inflight
+
+  def collect(self, now: float) -> Segment:
+    """Awaits the in-flight segment (raising the device error if it failed) and books its work."""
+    seg = self.inflight
+    loss_H = np.asarray(jax.device_get(seg.metrics["loss"]))
+    self.inflight = None
+    self.tokens += seg.tokens
+    self.steps += seg.steps
+    self.total_steps += seg.steps
+    self.busy_seconds += seg.modeled_seconds if seg.modeled_seconds else now - seg.started_at
+    self.last_loss = float(loss_H.mean())
+    return seg
+
+  def rewind(self, position: dict) -> None:
+    """Resumes the data shard at `position`: work after it did not reach Θ and is trained again."""
+    self.prefetcher.restore(position)
+
+  # Bookkeeping ---------------------------------------------------------------
+
+  def set_status(self, status: str, now: float) -> None:
+    """Moves to `status`, closing the timeline interval of the previous one."""
+    if now > self._state_since:
+      self.intervals.append((f"learner {self.index}", self._state_since, now, self.status))
+    self.status, self._state_since = status, now
+
+  def close(self) -> None:
+    self.prefetcher.close()
+
+
+@jax.jit
+def _fresh_copy(tree: PyTree) -> PyTree:
+  return jax.tree.map(jnp.copy, tree)
+
+
+def _copy_to(tree: PyTree, sharding: jax.sharding.Sharding) -> PyTree:
+  """A transfer whose result shares no buffer with its source.
+
+  The learner donates its buffers to each round and the syncer keeps Θ's history, so neither may
+  alias the other; device_put between overlapping CPU device sets reuses the shared device's buffer
+  even with may_alias=False, hence the copy on the source side first.
+  """
+  return jax.device_put(_fresh_copy(tree), sharding)
+
+
+@jax.jit
+def _mix(theta: PyTree, local: PyTree, alpha: jax.Array) -> PyTree:
+  return jax.tree.map(lambda g, l: (1 - alpha) * g + alpha * l, theta, local)

@@ -1,0 +1,181 @@
+"""Metrics records: one JSON line each, mirrored to TensorBoard and a token progress bar.
+
+Non-finite numbers are written as the JSON extensions `NaN`, `Infinity` and `-Infinity`
+(`json.dumps` with `allow_nan=True`): a diverged loss keeps its value instead of becoming `null`
+or a string, and `read_jsonl` (`json.loads`) reads them back as floats. Strict JSON parsers
+reject these literals; Python, pandas and TensorBoard tooling accept them.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import pathlib
+import sys
+from collections.abc import Mapping
+from typing import Protocol
+
+import numpy as np
+import tqdm
+
+Value = float | int | bool | str | list
+
+
+def _to_python(key: str, value: object) -> Value:
+  """Returns `value` as a JSON-ready Python value, or raises TypeError naming `key`."""
+  if isinstance(value, str):
+    return value
+  if isinstance(value, (bool, np.bool_)):
+    return bool(value)
+  if isinstance(value, (list, tuple)):
+    return [_to_python(key, item) for item in value]
+  try:
+    return operator.index(value)
+  except TypeError:
+    pass
+  if hasattr(value, "__float__"):
+    return float(value)
+  raise TypeError(
+      f"metric '{key}' = {value!r} is a {type(value).__name__}: allowed numbers, strings or lists"
+  )
+
+
+class _Sink(Protocol):
+  """Somewhere a finished record goes."""
+
+  def write(self, record: Mapping[str, Value]) -> None: ...
+
+  def close(self) -> None: ...
+
+
+class _JsonlFile:
+  """Writes records to a fresh JSON-lines file, flushed per record so a crash loses none."""
+
+  def __init__(self, path: pathlib.Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A run starts its history afresh: two runs in one workdir must not interleave records.
+    self._file = path.open("w", encoding="utf-8")
+
+  def write(self, record: Mapping[str, Value]) -> None:
+    self._file.write(json.dumps(record, allow_nan=True) + "\n")
+    self._file.flush()
+
+  def close(self) -> None:
+    self._file.close()
+
+
+class _TensorBoard:
+  """Writes a record's numbers as scalars `kind/key` at the record's tokens (else step)."""
+
+  def __init__(self, logdir: pathlib.Path):
+    # Imported here: tensorboardX loads protobuf, which in-memory loggers do not need.
+    from tensorboardX import SummaryWriter
+
+    self._writer = SummaryWriter(logdir=str(logdir))
+
+  def write(self, record: Mapping[str, Value]) -> None:
+    kind = record["kind"]
+    step = record.get("tokens", record.get("step"))
+    for key, value in record.items():
+      if isinstance(value, (int, float)) and key != "kind":
+        self._writer.add_scalar(f"{kind}/{key}", float(value), global_step=step)
+
+  def close(self) -> None:
+    self._writer.close()
+
+
+class _TokenProgress:
+  """A tqdm bar on stderr that counts tokens and shows loss, tokens/s and eval loss."""
+
+  def __init__(self, total_tokens: int):
+    # No tqdm rate: it uses wall-clock seconds; tok/s below uses the run's (maybe virtual) time.
+    self._bar = tqdm.tqdm(
+        total=total_tokens,
+        unit="tok",
+        unit_scale=True,
+        dynamic_ncols=True,
+        file=sys.stderr,
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]",
+    )
+    self._postfix: dict[str, str] = {}
+
+  def write(self, record: Mapping[str, Value]) -> None:
+    kind = record["kind"]
+    tokens = record.get("tokens")
+    if kind in ("train", "merge") and isinstance(tokens, int):
+      if isinstance(record.get("loss"), (int, float)):
+        self._postfix["loss"] = f"{record['loss']:.4g}"
+      seconds = record.get("time")
+      if isinstance(seconds, (int, float)) and seconds > 0:
+        self._postfix["tok/s"] = tqdm.tqdm.format_sizeof(tokens / seconds)
+      self._bar.set_postfix(self._postfix, refresh=False)
+      # Records may arrive out of order across learners; the bar never moves back.
+      self._bar.update(max(0, tokens - self._bar.n))
+    elif kind == "eval" and isinstance(record.get("eval_loss"), (int, float)):
+      self._postfix["eval_loss"] = f"{record['eval_loss']:.4g}"
+      self._bar.set_postfix(self._postfix)
+
+  def close(self) -> None:
+    self._bar.close()
+
+
+class MetricsLogger:
+  """Keeps every metrics record in memory and forwards it to the file, TensorBoard and bar sinks."""
+
+  def __init__(
+      self,
+      workdir: str | os.PathLike | None,
+      *,
+      run: str = "run",
+      total_tokens: int | None = None,
+      progress: bool = True,
+      tensorboard: bool = True,
+  ):
+    self._records: list[dict[str, Value]] = []
+    self._sinks: list[_Sink] = []
+    self._closed = False
+    if workdir is not None:
+      run_dir = pathlib.Path(workdir) / run
+      self._sinks.append(_JsonlFile(run_dir / "metrics.jsonl"))
+      if tensorboard:
+        self._sinks.append(_TensorBoard(run_dir / "tb"))
+    if progress and total_tokens is not None:
+      self._sinks.append(_TokenProgress(total_tokens))
+
+  @property
+  def records(self) -> list[dict[str, Value]]:
+    """Every record logged so far, oldest first."""
+    return list(self._records)
+
+  def log(self, kind: str, values: Mapping[str, object]) -> dict[str, Value]:
+    """Appends and returns the record `{"kind": kind, **values}`, values as plain Python."""
+    if self._closed:
+      raise RuntimeError(f"MetricsLogger is closed; cannot log a {kind!r} record")
+    if "kind" in values:
+      raise ValueError(f"metric key 'kind' is reserved for the record kind ({kind!r})")
+    record: dict[str, Value] = {"kind": kind}
+    record.update((key, _to_python(key, value)) for key, value in values.items())
+    self._records.append(record)
+    for sink in self._sinks:
+      sink.write(record)
+    return record
+
+  def close(self) -> None:
+    """Closes every sink; later calls do nothing."""
+    if not self._closed:
+      for sink in self._sinks:
+        sink.close()
+      self._closed = True
+
+  def __enter__(self) -> MetricsLogger:
+    return self
+
+  def __exit__(self, *exc_info: object) -> None:
+    self.close()
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Value]]:
+  """Reads the records of a metrics.jsonl file, NaN and infinities included."""
+  with pathlib.Path(path).open(encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]

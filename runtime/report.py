@@ -1,0 +1,193 @@
+"""Run reports: summary tables for the terminal or a README, loss curves and learner timelines."""
+
+from __future__ import annotations
+
+import itertools
+import numbers
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+STATE_COLORS: Mapping[str, str] = {
+    "training": "tab:green",
+    "syncing": "tab:blue",
+    "waiting": "tab:orange",
+    "down": "tab:red",
+}
+SYNCER_LANE = "syncer"
+_KIND_STYLES: Mapping[str, Mapping[str, object]] = {
+    "train": {"linestyle": "-", "linewidth": 1.2},
+    "eval": {"linestyle": "--", "marker": "o", "markersize": 3},
+    "merge": {"linestyle": ":", "marker": ".", "markersize": 3},
+}
+_AXIS_LABELS: Mapping[str, str] = {"time": "time (s)"}
+
+
+def _is_number(value: object) -> bool:
+  """Says whether `value` is a real number (bools are not)."""
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _format_cell(value: object) -> str:
+  """Formats floats to 4 significant digits, ints with thousands separators, missing as '-'."""
+  if value is None:
+    return "-"
+  if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+    return f"{value:,}"
+  if _is_number(value):
+    return f"{value:.4g}"
+  return str(value)
+
+
+def summary_table(
+    rows: Sequence[Mapping[str, object]],
+    columns: Sequence[str],
+    *,
+    title: str | None = None,
+    markdown: bool = False,
+) -> str:
+  """Renders `rows` as a fixed-width plain-text table, or a GitHub Markdown table if `markdown`."""
+  if not columns:
+    raise ValueError("summary_table needs at least one column")
+  cells = [[_format_cell(row.get(column)) for column in columns] for row in rows]
+  if markdown:
+    cells = [[cell.replace("|", r"\|") for cell in line] for line in cells]
+  # Numeric columns are right-aligned so digits line up; text columns read left to right.
+  numeric = [
+      all(_is_number(row[c]) for row in rows if row.get(c) is not None) for c in columns
+  ]
+  widths = [
+      max([len(column), 3, *(len(line[i]) for line in cells)]) for i, column in enumerate(columns)
+  ]
+
+  def render(line: Sequence[str]) -> list[str]:
+    return [
+        cell.rjust(width) if right else cell.ljust(width)
+        for cell, width, right in zip(line, widths, numeric)
+    ]
+
+  if markdown:
+    rule = [
+        "-" * (width - 1) + ":" if right else "-" * width for width, right in zip(widths, numeric)
+    ]
+    lines = ["| " + " | ".join(render(line)) + " |" for line in [list(columns), *cells]]
+    lines.insert(1, "| " + " | ".join(rule) + " |")
+    heading = [f"**{title}**", ""] if title else []
+  else:
+    lines = ["  ".join(render(line)).rstrip() for line in [list(columns), *cells]]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    heading = [title] if title else []
+  return "\n".join(heading + lines)
+
+
+def _save(figure: Figure, path: str | os.PathLike) -> pathlib.Path:
+  """Writes `figure` as a PNG through the headless Agg canvas and returns the path."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  FigureCanvasAgg(figure).print_png(path)
+  return path
+
+
+def plot_curves(
+    runs: Mapping[str, Sequence[Mapping[str, object]]],
+    path: str | os.PathLike,
+    *,
+    x: Sequence[str] = ("tokens",),
+    y: str = "loss",
+    kinds: Sequence[str] = ("train", "eval"),
+    y_for_kind: Mapping[str, str] | None = None,
+    title: str = "",
+    log_y: bool = False,
+) -> pathlib.Path:
+  """Plots `y` against each key of `x` (one subplot each), one line per (run, kind), as a PNG.
+
+  `y_for_kind` names the record key read for each kind; kinds it leaves out read `y`. By default
+  eval records read `f"eval_{y}"` and the others `y`, e.g. {"train": "loss", "eval": "eval_loss",
+  "merge": "loss"} for y="loss".
+  """
+  y_keys = {"eval": f"eval_{y}"} if y_for_kind is None else y_for_kind
+  colors = dict(zip(runs, itertools.cycle(f"C{i}" for i in range(10))))
+  figure = Figure(figsize=(5.5 * len(x), 4.0), layout="constrained")
+  axes = figure.subplots(1, len(x), squeeze=False)[0]
+  for ax, x_key in zip(axes, x):
+    for run, records in runs.items():
+      for kind in kinds:
+        y_key = y_keys.get(kind, y)
+        points = sorted(
+            (record[x_key], record[y_key])
+            for record in records
+            if record.get("kind") == kind
+            and _is_number(record.get(x_key))
+            and _is_number(record.get(y_key))
+        )
+        if points:
+          xs, ys = zip(*points)
+          ax.plot(xs, ys, color=colors[run], label=f"{run} {kind}", **_KIND_STYLES.get(kind, {}))
+    if not ax.lines:
+      raise ValueError(
+          f"plot_curves: no record of kinds {list(kinds)} in runs {list(runs)} has numbers for "
+          f"x key '{x_key}' and y keys {[y_keys.get(kind, y) for kind in kinds]}"
+      )
+    ax.set_xlabel(_AXIS_LABELS.get(x_key, x_key))
+    ax.set_ylabel(y)
+    if log_y:
+      ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+  if title:
+    figure.suptitle(title)
+  return _save(figure, path)
+
+
+def plot_timeline(
+    intervals: Sequence[tuple[str, float, float, str]],
+    events: Sequence[tuple[float, str]],
+    path: str | os.PathLike,
+    *,
+    title: str = "",
+) -> pathlib.Path:
+  """Draws each lane's state intervals as colored bars and `events` as ticks on the syncer lane."""
+  if not intervals and not events:
+    raise ValueError("plot_timeline: no intervals and no events to plot")
+  for lane, start, end, state in intervals:
+    if state not in STATE_COLORS:
+      raise ValueError(
+          f"plot_timeline: lane '{lane}' has state {state!r}: allowed {sorted(STATE_COLORS)}"
+      )
+    if end < start:
+      raise ValueError(
+          f"plot_timeline: lane '{lane}' has an interval ending at {end} before its start {start}"
+      )
+  lanes = list(dict.fromkeys(lane for lane, *_ in intervals))
+  if events and SYNCER_LANE not in lanes:
+    lanes.append(SYNCER_LANE)
+  # The first lane is drawn at the top, as it is read.
+  row = {lane: len(lanes) - 1 - i for i, lane in enumerate(lanes)}
+
+  figure = Figure(figsize=(10.0, 1.2 + 0.45 * len(lanes)), layout="constrained")
+  ax = figure.subplots()
+  for lane, start, end, state in intervals:
+    ax.broken_barh([(start, end - start)], (row[lane] - 0.4, 0.8), facecolors=STATE_COLORS[state])
+  labels = list(dict.fromkeys(label for _, label in events))
+  palette = itertools.cycle(["black", "tab:purple", "tab:brown", "tab:gray"])
+  event_colors = dict(zip(labels, palette))
+  for label, color in event_colors.items():
+    moments = [moment for moment, event in events if event == label]
+    syncer_row = row[SYNCER_LANE]
+    ax.vlines(moments, syncer_row - 0.4, syncer_row + 0.4, colors=color, linewidths=2)
+
+  ax.set_yticks(list(row.values()), list(row))
+  ax.set_ylim(-0.6, len(lanes) - 0.4)
+  ax.set_xlabel(_AXIS_LABELS["time"])
+  ax.grid(True, axis="x", alpha=0.3)
+  handles = [Patch(facecolor=color, label=state) for state, color in STATE_COLORS.items()]
+  handles += [Line2D([], [], color=color, label=label) for label, color in event_colors.items()]
+  ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+  if title:
+    ax.set_title(title)
+  return _save(figure, path)

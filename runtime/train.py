@@ -1,0 +1,48 @@
+"""Library entry points behind the launchers: one run, or every mode side by side at equal tokens."""
+
+import os
+
+import ml_collections
+from absl import logging
+
+from runtime import devices as devices_lib
+from runtime.config import RunConfig, from_config_dict, with_mode
+from runtime.experiment import Experiment, RunResult, finish
+
+
+def prepare(config: ml_collections.ConfigDict) -> RunConfig:
+  """Validates the config and sets up simulated devices before JAX starts a backend."""
+  run = from_config_dict(config)
+  devices_lib.configure_simulated_devices(run.num_devices)
+  return run
+
+
+def train_one(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str) -> RunResult:
+  """Trains one run in the mode its config names."""
+  if run.mode == "dp":
+    from runtime.dp import train_dp  # pylint: disable=g-import-not-at-top
+    return train_dp(run, exp, workdir, name)
+  from runtime.controller import train_diloco  # pylint: disable=g-import-not-at-top
+  return train_diloco(run, exp, workdir, name)
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None) -> list[RunResult]:
+  """`launch.train`: one run, then its summary table and loss plot."""
+  run = prepare(config)
+  result = train_one(run, Experiment(run), workdir, run.mode)
+  print(finish([result], workdir, title=f"{run.mode}: {run.token_budget:,} tokens"))
+  return [result]
+
+
+def compare(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None,
+            modes: tuple[str, ...] = ("dp", "diloco_sync", "decoupled")) -> list[RunResult]:
+  """`launch.compare`: the same budget, data and model under each mode; one table, one plot."""
+  base = prepare(config)
+  exp = Experiment(base)
+  results = []
+  for mode in modes:
+    run = with_mode(base, mode)
+    logging.info("comparison: running %s", mode)
+    results.append(train_one(run, exp, workdir, mode))
+  print(finish(results, workdir, title=f"equal budget: {base.token_budget:,} tokens"))
+  return results

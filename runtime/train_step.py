@@ -1,0 +1,59 @@
+"""Pure training and evaluation programs; callers jit them with explicit shardings."""
+
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from models.lm import loss_fn
+from models.transformer import ModelConfig
+
+PyTree = Any
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Parameters and inner optimizer state of one model replica."""
+
+  step: jax.Array
+  params: PyTree
+  opt_state: PyTree
+
+
+def init_state(params: PyTree, tx: optax.GradientTransformation, step: int = 0) -> TrainState:
+  """A fresh inner state around `params`."""
+  return TrainState(step=jnp.asarray(step, jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation) -> Callable:
+  """(state, batch_BxT) -> (state, {loss, grad_norm}): one AdamW step."""
+
+  def train_step(state: TrainState, batch_BxT: jax.Array) -> tuple[TrainState, dict]:
+    loss, grads = jax.value_and_grad(loss_fn)(state.params, cfg, batch_BxT)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+
+  return train_step
+
+
+def make_round(cfg: ModelConfig, tx: optax.GradientTransformation) -> Callable:
+  """(state, batches_HxBxT) -> (state, {loss_H, grad_norm_H}): H inner steps as one device program."""
+  train_step = make_train_step(cfg, tx)
+
+  def run_round(state: TrainState, batches_HxBxT: jax.Array) -> tuple[TrainState, dict]:
+    return jax.lax.scan(train_step, state, batches_HxBxT)
+
+  return run_round
+
+
+def make_eval(cfg: ModelConfig) -> Callable:
+  """(params, batches_NxBxT) -> mean loss over N fixed held-out batches."""
+
+  def evaluate(params: PyTree, batches_NxBxT: jax.Array) -> jax.Array:
+    return jax.lax.map(lambda b: loss_fn(params, cfg, b), batches_NxBxT).mean()
+
+  return evaluate

@@ -1,0 +1,204 @@
+"""Tests for the metrics writers and the report tables and plots."""
+
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+from runtime import report
+from runtime.metrics import MetricsLogger, read_jsonl
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _train_records(steps: int = 3) -> list[dict[str, object]]:
+  """Train and eval records for `steps` steps, as a MetricsLogger keeps them."""
+  records: list[dict[str, object]] = []
+  for step in range(1, steps + 1):
+    at = {"step": step, "tokens": 100 * step, "time": float(step)}
+    records.append({"kind": "train", **at, "loss": 3.0 / step})
+    records.append({"kind": "eval", **at, "eval_loss": 3.5 / step})
+  return records
+
+
+def test_jsonl_round_trip_converts_numpy_scalars_and_keeps_nan(tmp_path: pathlib.Path):
+  with MetricsLogger(tmp_path, run="r", progress=False, tensorboard=False) as logger:
+    record = logger.log(
+        "train",
+        {
+            "step": np.int64(7),
+            "loss": np.float32(1.5),
+            "grad_norm": np.array(float("nan")),
+            "lr": float("inf"),
+            "learners": [np.int32(1), 2.5],
+            "partial": np.bool_(True),
+            "note": "warmup",
+        },
+    )
+
+  assert type(record["step"]) is int and type(record["loss"]) is float
+  assert type(record["learners"][0]) is int and type(record["partial"]) is bool
+  [read] = read_jsonl(tmp_path / "r" / "metrics.jsonl")
+  assert math.isnan(read.pop("grad_norm"))
+  assert read == {
+      "kind": "train", "step": 7, "loss": 1.5, "lr": math.inf, "learners": [1, 2.5],
+      "partial": True, "note": "warmup",
+  }
+
+
+def test_each_record_is_on_disk_before_close(tmp_path: pathlib.Path):
+  logger = MetricsLogger(tmp_path, progress=False, tensorboard=False)
+  logger.log("train", {"step": 1, "loss": 2.0})
+  logger.log("eval", {"step": 1, "eval_loss": 2.5})
+
+  assert read_jsonl(tmp_path / "run" / "metrics.jsonl") == logger.records
+  logger.close()
+
+
+def test_log_rejects_the_reserved_kind_key_and_values_without_a_number(tmp_path: pathlib.Path):
+  logger = MetricsLogger(None, progress=False)
+
+  with pytest.raises(ValueError, match="'kind' is reserved"):
+    logger.log("train", {"kind": "eval"})
+  with pytest.raises(TypeError, match="metric 'config'"):
+    logger.log("train", {"config": {"lr": 1.0}})
+  assert logger.records == []
+
+
+def test_log_after_close_raises(tmp_path: pathlib.Path):
+  logger = MetricsLogger(tmp_path, progress=False, tensorboard=False)
+  logger.close()
+  logger.close()
+
+  with pytest.raises(RuntimeError, match="closed"):
+    logger.log("train", {"step": 1})
+
+
+def test_tensorboard_event_file_is_written_under_tb(tmp_path: pathlib.Path):
+  with MetricsLogger(tmp_path, run="r", progress=False) as logger:
+    logger.log("train", {"tokens": 100, "loss": 2.0, "learners": [1, 2], "note": "skipped"})
+    logger.log("eval", {"step": 3, "eval_loss": 2.5})
+
+  events = list((tmp_path / "r" / "tb").glob("events.out.tfevents.*"))
+  assert len(events) == 1 and events[0].stat().st_size > 0
+  assert b"train/loss" in events[0].read_bytes()
+
+
+def test_no_workdir_writes_nothing_and_keeps_records_in_memory(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+):
+  monkeypatch.chdir(tmp_path)
+  with MetricsLogger(None, progress=False) as logger:
+    logger.log("train", {"step": 1, "loss": 2.0})
+
+  assert list(tmp_path.iterdir()) == []
+  assert logger.records == [{"kind": "train", "step": 1, "loss": 2.0}]
+
+
+@pytest.mark.parametrize(
+    "progress, total_tokens", [(False, 1000), (True, None)], ids=["progress_off", "no_total"]
+)
+def test_disabled_progress_bar_prints_nothing(
+    progress: bool, total_tokens: int | None, capsys: pytest.CaptureFixture[str]
+):
+  with MetricsLogger(None, total_tokens=total_tokens, progress=progress) as logger:
+    logger.log("train", {"tokens": 500, "time": 1.0, "loss": 2.0})
+
+  assert capsys.readouterr().err == ""
+
+
+def test_progress_bar_counts_tokens_and_shows_loss_rate_and_eval_loss(
+    capsys: pytest.CaptureFixture[str],
+):
+  with MetricsLogger(None, total_tokens=1000) as logger:
+    logger.log("train", {"tokens": 400, "time": 2.0, "loss": 2.5})
+    logger.log("eval", {"tokens": 400, "eval_loss": 2.75})
+    logger.log("merge", {"tokens": 600, "time": 3.0})
+
+  final = capsys.readouterr().err.split("\r")[-1]
+  assert "600/1.00k" in final
+  assert "loss=2.5" in final and "tok/s=200" in final and "eval_loss=2.75" in final
+
+
+def test_summary_table_aligns_columns_and_formats_numbers():
+  rows = [
+      {"run": "diloco", "tokens": 1234567, "loss": 2.718281},
+      {"run": "decoupled", "tokens": 89, "loss": 0.000123456, "extra": 1},
+  ]
+
+  text = report.summary_table(rows, ["run", "tokens", "loss", "goodput"], title="Results")
+
+  assert text.splitlines() == [
+      "Results",
+      "run           tokens       loss  goodput",
+      "---------  ---------  ---------  -------",
+      "diloco     1,234,567      2.718        -",
+      "decoupled         89  0.0001235        -",
+  ]
+
+
+def test_summary_table_markdown_has_header_rule_and_escaped_cells():
+  rows = [{"run": "a|b", "loss": 1.0}, {"run": "c"}]
+
+  text = report.summary_table(rows, ["run", "loss"], title="Results", markdown=True)
+
+  assert text.splitlines() == [
+      "**Results**",
+      "",
+      "| run  | loss |",
+      "| ---- | ---: |",
+      r"| a\|b |    1 |",
+      "| c    |    - |",
+  ]
+
+
+def test_plot_curves_writes_a_png_and_creates_its_folder(tmp_path: pathlib.Path):
+  runs = {"a": _train_records(), "b": _train_records()}
+
+  path = report.plot_curves(
+      runs, tmp_path / "plots" / "loss.png", x=("tokens", "time"), log_y=True
+  )
+
+  assert path == tmp_path / "plots" / "loss.png"
+  assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_plot_curves_without_plottable_records_raises(tmp_path: pathlib.Path):
+  runs = {"a": [{"kind": "train", "step": 1, "loss": 2.0}]}
+
+  with pytest.raises(ValueError, match="x key 'tokens'"):
+    report.plot_curves(runs, tmp_path / "loss.png")
+  assert not (tmp_path / "loss.png").exists()
+
+
+def test_plot_timeline_writes_a_png(tmp_path: pathlib.Path):
+  intervals = [
+      ("learner 0", 0.0, 5.0, "training"),
+      ("learner 0", 5.0, 6.0, "syncing"),
+      ("learner 1", 0.0, 2.0, "down"),
+      ("learner 1", 2.0, 6.0, "waiting"),
+  ]
+
+  path = report.plot_timeline(intervals, [(5.0, "merge"), (6.0, "merge")], tmp_path / "t.png")
+
+  assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize(
+    "intervals, events, message",
+    [
+        ([], [], "no intervals and no events"),
+        ([("learner 0", 0.0, 1.0, "sleeping")], [], "state 'sleeping'"),
+        ([("learner 0", 2.0, 1.0, "training")], [], "before its start"),
+    ],
+    ids=["empty", "unknown_state", "negative_interval"],
+)
+def test_plot_timeline_rejects_what_it_cannot_draw(
+    intervals: list[tuple[str, float, float, str]],
+    events: list[tuple[float, str]],
+    message: str,
+    tmp_path: pathlib.Path,
+):
+  with pytest.raises(ValueError, match=message):
+    report.plot_timeline(intervals, events, tmp_path / "t.png")
