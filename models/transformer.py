@@ -79,11 +79,14 @@ class TransformerLM(nn.Module):
   @nn.compact
   def __call__(self, tokens_BxL: jax.Array) -> jax.Array:
     cfg = self.cfg
-    embed = nn.Embed(cfg.vocab_size, cfg.d_model, name="embed")
+    # Unit-scale logits at init through the tied output projection.
+    embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nn.initializers.normal(cfg.d_model**-0.5),
+                     name="embed")
     x_BxLxD = embed(tokens_BxL).astype(cfg.dtype)
     if cfg.positions == "learned":
       pos_embed = self.param("pos_embed", nn.initializers.normal(0.02), (cfg.max_len, cfg.d_model))
       x_BxLxD = x_BxLxD + pos_embed[None, : tokens_BxL.shape[1]].astype(cfg.dtype)
+    x_BxLxD = self.perturb("embedded", x_BxLxD)  # a zero no-op unless gradients w.r.t. inputs are asked for
     for i in range(cfg.num_layers):
       x_BxLxD = Block(cfg, name=f"block_{i}")(x_BxLxD)
     x_BxLxD = nn.LayerNorm(dtype=cfg.dtype, name="ln_final")(x_BxLxD)

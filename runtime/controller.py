@@ -204,9 +204,9 @@ class Controller:
 
   def _log_merge(self, result: MergeResult, reports: list[Report], now: float) -> None:
     losses = [r.loss for r in reports if r.learner in result.merged]
-    busy = [l.busy_seconds / now if now > 0 else 1.0 for l in self.learners]
+    busy = [l.busy_fraction(now) for l in self.learners]
     record = dict(
-        version=self.syncer.version, tokens=self.tokens_merged, time=now, wall=self.wall(),
+        version=self.syncer.version, tokens=self.tokens_merged, time=now, **self._wall(),
         loss=float(np.mean(losses)) if losses else float("nan"), merged=list(result.merged),
         num_merged=len(result.merged), quarantined=[m for m, _ in result.quarantined],
         staleness=list(result.staleness), weights=list(result.weights), update_norm=result.update_norm,
@@ -221,20 +221,26 @@ class Controller:
         self._next_eval += self.run.eval_every * self.run.tokens_per_step
       self.eval_loss = self.exp.evaluate(self.syncer.params, self.host_mesh)
       self.logger.log("eval", dict(version=self.syncer.version, tokens=self.tokens_merged, time=self.clock.now(),
-                                   wall=self.wall(), eval_loss=self.eval_loss))
+                                   eval_loss=self.eval_loss, **self._wall()))
+
+  def _wall(self) -> dict:
+    """Wall seconds, only under the real clock: virtual-time metrics must be bit-reproducible."""
+    return {} if self.clock.virtual else {"wall": self.wall()}
 
   def _result(self, records: list[dict]) -> RunResult:
     now = max(self.clock.now(), 1e-9)
-    busy = [l.busy_seconds / now for l in self.learners]
+    busy = [l.busy_fraction(now) for l in self.learners]
     merged_counts = [m["num_merged"] for m in self.merges if m["num_merged"]]
     wall = self.wall()
     return RunResult(
         run=self.name, mode=self.run.mode, tokens=self.tokens_merged, final_eval_loss=self.eval_loss,
         wall_seconds=wall, virtual_seconds=now if self.clock.virtual else float("nan"),
-        tokens_per_second=self.tokens_merged / wall, records=records,
+        tokens_per_second=self.tokens_merged / wall, records=records, params=jax.device_get(self.syncer.params),
         extras=dict(merges=len(self.merges), learners_per_merge=float(np.mean(merged_counts or [0])),
                     busy_mean=float(np.mean(busy)), busy_min=float(np.min(busy)),
-                    bytes_up=self.bytes_up, bytes_down=self.bytes_down))
+                    bytes_up=self.bytes_up, bytes_down=self.bytes_down),
+        details=dict(busy=busy, intervals=[i for l in self.learners for i in l.intervals],
+                     merge_times=list(self.merge_times)))
 
 
 def train_diloco(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str) -> RunResult:

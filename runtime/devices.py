@@ -1,6 +1,8 @@
 """The controller's device set: simulated CPU devices, slices, and per-slice meshes."""
 
 import collections
+import os
+import re
 from typing import Sequence
 
 import jax
@@ -11,8 +13,17 @@ from runtime.errors import ConfigError
 
 
 def configure_simulated_devices(num_devices: int) -> None:
-  """Asks for `num_devices` CPU devices; must run before JAX starts a backend (no-op on accelerators)."""
-  jax.config.update("jax_num_cpu_devices", num_devices)
+  """Asks for `num_devices` CPU devices before JAX starts a backend (no effect on accelerators).
+
+  Once a backend is running (a test session, a notebook) the device count is fixed;
+  `controller_devices` then checks that enough are there.
+  """
+  from_flags = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+  wanted = max(num_devices, jax.config.jax_num_cpu_devices, int(from_flags.group(1)) if from_flags else 1)
+  try:
+    jax.config.update("jax_num_cpu_devices", wanted)
+  except RuntimeError:
+    pass
 
 
 def controller_devices(num_devices: int) -> list[jax.Device]:

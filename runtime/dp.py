@@ -45,7 +45,8 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
     records = logger.records
   tokens = run.total_steps * run.tokens_per_step
   return RunResult(run=name, mode="dp", tokens=tokens, final_eval_loss=eval_loss, wall_seconds=wall,
-                   virtual_seconds=float("nan"), tokens_per_second=tokens / wall, records=records)
+                   virtual_seconds=float("nan"), tokens_per_second=tokens / wall, records=records,
+                   params=jax.device_get(state.params))
 
 
 def _log_train(logger, run: RunConfig, step: int, metrics: dict, now: float) -> None:

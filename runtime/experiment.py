@@ -32,7 +32,9 @@ class RunResult:
   virtual_seconds: float
   tokens_per_second: float
   records: list = dataclasses.field(repr=False, default_factory=list)
-  extras: dict = dataclasses.field(default_factory=dict)
+  params: Any = dataclasses.field(repr=False, default=None)  # final (global) parameters
+  extras: dict = dataclasses.field(default_factory=dict)  # more summary-table columns
+  details: dict = dataclasses.field(repr=False, default_factory=dict)  # per-learner figures, not tabulated
 
   def row(self) -> dict:
     """One line of the summary table."""

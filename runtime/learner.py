@@ -58,6 +58,7 @@ class Learner:
     self.base_version = 0
     self.total_steps = 0  # inner steps ever trained: drives the inner schedule
     self.busy_seconds = 0.0
+    self.finished_at = float("nan")
     self.last_loss = float("nan")
     self.reported_position: dict = self.prefetcher.state()  # data position at the end of the last report
     self.intervals: list[tuple[str, float, float, str]] = []
@@ -121,8 +122,17 @@ class Learner:
 
   # Bookkeeping ---------------------------------------------------------------
 
+  def busy_fraction(self, now: float) -> float:
+    """Share of the learner's active span (start to finishing its budget) spent training."""
+    span = (self.finished_at if self.status == DONE else now)
+    return self.busy_seconds / span if span > 0 else 1.0
+
   def set_status(self, status: str, now: float) -> None:
     """Moves to `status`, closing the timeline interval of the previous one."""
+    if status == DONE and self.status == DONE:
+      return
+    if status == DONE:
+      self.finished_at = now
     if now > self._state_since:
       self.intervals.append((f"learner {self.index}", self._state_since, now, self.status))
     self.status, self._state_since = status, now

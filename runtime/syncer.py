@@ -118,10 +118,9 @@ class Syncer:
     """Adopts a computed merge; keeps only the Θ versions some learner still works from."""
     if result.merged:
       self.params, self.opt_state, self.version = result.params, result.opt_state, result.version
-      norms = [n for n in result.delta_norms if np.isfinite(n)]
-      mean_norm = float(np.mean(norms))
+      mean_norm = float(np.mean(result.delta_norms))
       ema = self._accepted_norm_ema
-      self._accepted_norm_ema = mean_norm if ema is None else 0.9 * ema + 0.1 * mean_norm
+      self._accepted_norm_ema = mean_norm if not ema else 0.9 * ema + 0.1 * mean_norm
     self._history[self.version] = self.params
     keep = set(live_versions) | {self.version}
     self._history = {v: p for v, p in self._history.items() if v in keep}
@@ -133,6 +132,6 @@ class Syncer:
     if norm > self._max_delta_norm:
       return f"norm {norm:.3g} > max_delta_norm {self._max_delta_norm:.3g}"
     ema = self._accepted_norm_ema
-    if ema is not None and norm > self._quarantine_factor * ema:
+    if ema and norm > self._quarantine_factor * ema:  # relative only once a typical norm is known
       return f"norm {norm:.3g} > {self._quarantine_factor:g} × recent norm {ema:.3g}"
     return ""

@@ -35,7 +35,7 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation) -> Calla
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
-    return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
   return train_step
 

@@ -6,3 +6,30 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
+
+import pytest  # noqa: E402  (after the device set-up above)
+
+
+@pytest.fixture
+def tiny_config():
+  """A seconds-long run on a slice of the real corpus: tiny model, short sequences, no files."""
+  from configs import default  # pylint: disable=g-import-not-at-top
+
+  config = default.get_config()
+  config.model.size = "tiny"
+  config.model.d_model = 32
+  config.model.mlp_dim = 64
+  config.model.max_len = 32
+  config.data.seq_len = 32
+  config.data.batch_size = 16
+  config.data.max_bytes = 400_000
+  config.data.prefetch = 2
+  config.num_devices = 4
+  config.inner_steps = 4
+  config.total_steps = 16
+  config.eval_every = 8
+  config.eval_batches = 1
+  config.log_every = 1
+  config.progress = False
+  config.tensorboard = False
+  return config

@@ -1,0 +1,57 @@
+"""Bad configs fail at the boundary with an error naming the field and the allowed values."""
+
+import pytest
+
+from configs import default, smoke
+from runtime.config import from_config_dict
+from runtime.errors import ConfigError
+
+
+def _with(path: str, value):
+  config = default.get_config()
+  node = config
+  *parents, leaf = path.split(".")
+  for p in parents:
+    node = node[p]
+  node[leaf] = value
+  return config
+
+
+@pytest.mark.parametrize("path,value,names", [
+    ("inner.lr", -1e-3, "inner.lr"),
+    ("model.size", "gigantic", "model.size"),
+    ("data.batch_size", 30, "data.batch_size"),
+    ("outer.quorum", 9, "outer.quorum"),
+    ("outer.merge", "median", "outer.merge"),
+    ("mode", "pipeline", "mode"),
+    ("clock.kind", "sundial", "clock.kind"),
+    ("clock.speeds", (1.0, 2.0), "clock.speeds"),
+    ("num_devices", 6, "num_devices"),
+    ("overlap_steps", 30, "overlap_steps"),
+    ("data.seq_len", 4096, "data.seq_len"),
+    ("model.num_heads", 5, "model.num_heads"),
+])
+def test_invalid_value_names_its_field_and_what_is_allowed(path, value, names):
+  with pytest.raises(ConfigError) as err:
+    from_config_dict(_with(path, value))
+  assert err.value.field == names
+  assert f"'{names}'" in str(err.value) and "allowed" in str(err.value)
+
+
+def test_unknown_field_lists_the_known_ones():
+  config = default.get_config()
+  config.outer.lerning_rate = 0.5
+  with pytest.raises(ConfigError, match="outer.lerning_rate.*one of the fields.*'lr'"):
+    from_config_dict(config)
+
+
+def test_shipped_configs_validate_and_size_presets_apply():
+  run = from_config_dict(smoke.get_config())
+  assert run.model.d_model == 64 and run.model.num_layers == 2
+  run = from_config_dict(default.get_config())
+  assert run.learners == 4 and run.num_devices == 8 and run.mode == "decoupled"
+
+
+def test_synchronous_diloco_mode_forces_quorum_to_all_learners():
+  run = from_config_dict(_with("mode", "diloco_sync"))
+  assert run.outer.quorum == run.learners and run.outer.grace == "none"

@@ -1,0 +1,50 @@
+"""The LM: causality, shapes, and parameter shardings."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from models import lm
+from models.transformer import ModelConfig, TransformerLM
+
+
+@pytest.mark.parametrize("positions", ["rotary", "learned"])
+def test_output_at_a_position_has_exactly_zero_gradient_wrt_later_inputs(positions):
+  cfg = ModelConfig(num_layers=2, d_model=32, num_heads=4, mlp_dim=64, max_len=16, positions=positions)
+  model = TransformerLM(cfg)
+  tokens_1xL = jnp.asarray(np.random.default_rng(0).integers(0, 256, (1, 16)), jnp.int32)
+  variables = model.init(jax.random.key(0), tokens_1xL)
+  perturbations = variables["perturbations"]
+  i = 7
+
+  def logits_at_i(perturb):
+    return model.apply({"params": variables["params"], "perturbations": perturb}, tokens_1xL)[0, i].sum()
+
+  grad_1xLxD = jax.grad(logits_at_i)(perturbations)["embedded"]
+  later = np.abs(np.asarray(grad_1xLxD[0, i + 1:]))
+  earlier = np.abs(np.asarray(grad_1xLxD[0, :i + 1]))
+  assert later.max() == 0.0
+  assert (earlier.sum(axis=-1) > 0).all()
+
+
+def test_loss_of_untrained_model_is_near_uniform_over_bytes():
+  cfg = ModelConfig(num_layers=1, d_model=32, num_heads=2, mlp_dim=64, max_len=16)
+  params = lm.init_params(cfg, jax.random.key(1))
+  batch = jnp.asarray(np.random.default_rng(1).integers(0, 256, (4, 17)), jnp.int32)
+  assert abs(float(lm.loss_fn(params, cfg, batch)) - np.log(256)) < 0.3
+
+
+def test_fsdp_specs_split_each_large_tensor_along_a_divisible_axis():
+  cfg = ModelConfig(num_layers=1, d_model=64, num_heads=4, mlp_dim=256, max_len=16)
+  mesh = Mesh(np.asarray(jax.devices()[:4]), ("data",))
+  shardings = lm.param_shardings(cfg, mesh, fsdp=True)
+  params = jax.jit(lm.init_params, static_argnums=0, out_shardings=shardings)(cfg, jax.random.key(0))
+  mlp_in = params["block_0"]["mlp_in"]["kernel"]
+  assert "data" in mlp_in.sharding.spec
+  assert len(mlp_in.addressable_shards) == 4
+  assert mlp_in.addressable_shards[0].data.size == mlp_in.size // 4
+  replicated = jax.jit(lm.init_params, static_argnums=0,
+                       out_shardings=lm.param_shardings(cfg, mesh, fsdp=False))(cfg, jax.random.key(0))
+  np.testing.assert_array_equal(np.asarray(mlp_in), np.asarray(replicated["block_0"]["mlp_in"]["kernel"]))
