@@ -109,4 +109,25 @@ def get_config() -> ml_collections.ConfigDict:
   config.clock.bandwidth_bytes_per_s = 1e9
   config.clock.latency_s = 0.0
   config.clock.merge_seconds = 0.0
+
+  config.faults = ml_collections.ConfigDict()
+  # Scheduled faults, ';'-separated: crash (time= or step=, repair=), straggler (duration=, factor=),
+  # corrupt (how=nan|inf|huge), link (duration=, mode=delay|drop); every one names learner= and time=.
+  config.faults.schedule = ""
+  # Random crashes: per-chip mean time between interruptions (modeled seconds; 0 = none) × chips per slice.
+  config.faults.mtbi_chip_seconds = 0.0
+  config.faults.chips_per_slice = 256
+  # A crashed slice is repaired after this long; a spare slice (slices > learners) takes over sooner.
+  config.faults.repair_seconds = 60.0
+  config.faults.spare_swap_seconds = 5.0
+  # A learner whose report was lost pulls Θ after this long and trains that data again.
+  config.faults.report_timeout_seconds = 30.0
+  # Reports whose delta norm is non-finite, above max_delta_norm, or above quarantine_factor × the
+  # recent norm are quarantined.
+  config.faults.quarantine_factor = 100.0
+  config.faults.max_delta_norm = 1e6
+  # Data-parallel baselines: restart cost and checkpoint interval (no elasticity), reconfiguration (elastic).
+  config.faults.restart_seconds = 30.0
+  config.faults.checkpoint_every = 10
+  config.faults.reconfig_seconds = 8.0
   return config

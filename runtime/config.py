@@ -8,7 +8,7 @@ import ml_collections
 from models.transformer import ModelConfig
 from runtime.errors import ConfigError
 
-MODES = ("decoupled", "diloco_sync", "dp")
+MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
 CLOCKS = ("virtual", "real")
 MERGE_METHODS = ("rda", "mean")
 GRACE_KINDS = ("none", "adaptive", "fixed")
@@ -77,6 +77,25 @@ class ClockConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class FaultConfig:
+  """Failures injected from the controller, and the costs the data-parallel baselines pay for them."""
+
+  # Scheduled faults, ';'-separated, e.g. "crash:learner=1,time=40; straggler:learner=2,time=10,
+  # duration=50,factor=3; corrupt:learner=0,time=20,how=nan; link:learner=3,time=5,duration=20,mode=drop".
+  schedule: str = ""
+  mtbi_chip_seconds: float = 0.0  # per-chip mean time between interruptions; 0 = no random crashes
+  chips_per_slice: int = 256
+  repair_seconds: float = 60.0  # a crashed slice is back after this long
+  spare_swap_seconds: float = 5.0  # a spare slice takes over a crashed learner after this long
+  report_timeout_seconds: float = 30.0  # a learner whose report got no answer pulls Θ after this long
+  quarantine_factor: float = 100.0  # a delta norm above this × the recent norm is quarantined
+  max_delta_norm: float = 1e6  # ... and so is any delta norm above this
+  restart_seconds: float = 30.0  # DP without elasticity: restart after every failure
+  checkpoint_every: int = 10  # DP without elasticity: steps between checkpoints (work after is lost)
+  reconfig_seconds: float = 8.0  # elastic DP: pause to drop or re-add a slice
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
   """Everything one training run needs."""
 
@@ -85,6 +104,7 @@ class RunConfig:
   inner: InnerOptConfig = dataclasses.field(default_factory=InnerOptConfig)
   outer: OuterConfig = dataclasses.field(default_factory=OuterConfig)
   clock: ClockConfig = dataclasses.field(default_factory=ClockConfig)
+  faults: FaultConfig = dataclasses.field(default_factory=FaultConfig)
   mode: str = "decoupled"
   seed: int = 0
   num_devices: int = 8  # simulated CPU devices (ignored on real accelerators)
@@ -148,7 +168,8 @@ def _build_model(cfg: ml_collections.ConfigDict | None) -> ModelConfig:
   return _build(ModelConfig, ml_collections.ConfigDict({**MODEL_SIZES.get(size, {}), **fields}), "model.")
 
 
-SECTIONS = dict(model=ModelConfig, data=DataConfig, inner=InnerOptConfig, outer=OuterConfig, clock=ClockConfig)
+SECTIONS = dict(model=ModelConfig, data=DataConfig, inner=InnerOptConfig, outer=OuterConfig, clock=ClockConfig,
+                faults=FaultConfig)
 
 
 def from_config_dict(cfg: ml_collections.ConfigDict) -> RunConfig:
@@ -196,11 +217,11 @@ def validate(run: RunConfig) -> None:
   _check(0.0 < d.eval_fraction < 1.0, "data.eval_fraction", d.eval_fraction, "a float in (0, 1)")
   _check(d.max_bytes is None or d.max_bytes > 0, "data.max_bytes", d.max_bytes, "None or a positive integer")
   _check(d.prefetch >= 1, "data.prefetch", d.prefetch, "an integer >= 1")
-  groups = 1 if run.mode == "dp" else run.learners
+  groups = run.learners if run.mode in ("decoupled", "diloco_sync", "dp_elastic", "dp_restart") else 1
   per_slice = run.num_devices // max(run.num_slices, 1)
   _check(d.batch_size >= 1 and d.batch_size % groups == 0, "data.batch_size", d.batch_size,
          f"a positive multiple of learners ({groups})")
-  if run.mode == "dp":
+  if run.mode == "dp":  # one mesh over every device
     _check(d.batch_size % run.num_devices == 0, "data.batch_size", d.batch_size,
            f"a multiple of num_devices ({run.num_devices})")
   else:
@@ -233,5 +254,13 @@ def validate(run: RunConfig) -> None:
   _check(all(s > 0 for s in c.speeds), "clock.speeds", c.speeds, "positive slowdown factors")
   _check(0 <= c.jitter < 1, "clock.jitter", c.jitter, "a float in [0, 1)")
   _check(c.bandwidth_bytes_per_s > 0, "clock.bandwidth_bytes_per_s", c.bandwidth_bytes_per_s, "a float > 0")
+  f = run.faults
+  for name in ("mtbi_chip_seconds", "repair_seconds", "spare_swap_seconds", "report_timeout_seconds",
+               "restart_seconds", "reconfig_seconds"):
+    _check(getattr(f, name) >= 0, f"faults.{name}", getattr(f, name), "a float >= 0")
+  _check(f.chips_per_slice >= 1, "faults.chips_per_slice", f.chips_per_slice, "an integer >= 1")
+  _check(f.checkpoint_every >= 1, "faults.checkpoint_every", f.checkpoint_every, "an integer >= 1")
+  _check(f.quarantine_factor > 1, "faults.quarantine_factor", f.quarantine_factor, "a float > 1")
+  _check(f.max_delta_norm > 0, "faults.max_delta_norm", f.max_delta_norm, "a float > 0")
   _check(c.latency_s >= 0 and c.merge_seconds >= 0, "clock.latency_s/clock.merge_seconds",
          (c.latency_s, c.merge_seconds), "floats >= 0")

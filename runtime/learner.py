@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from models import lm
 from runtime import data as data_lib
 from runtime import devices as devices_lib
+from runtime import faults as faults_lib
 from runtime.config import RunConfig
 from runtime.train_step import TrainState, init_state, make_round
 
@@ -27,44 +28,68 @@ class Segment:
   kind: str  # "main": ends in a report; "overlap": trains while the report syncs
   steps: int
   tokens: int
-  start_position: dict
   started_at: float
   modeled_seconds: float
   state: TrainState
   metrics: dict
 
 
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+  """Θ on its way to a learner, and how to adopt it."""
+
+  version: int
+  params: PyTree
+  cycle: int  # the learner's cycle this answers; a learner that moved on ignores it
+  reset: bool = False  # fresh inner state (rejoin, quarantined report)
+  rewind_to: dict | None = None  # serve the data from here again (its earlier work never reached Θ)
+
+
 class Learner:
   """Owns one slice; all device work is dispatched asynchronously and awaited only in `collect`."""
 
-  def __init__(self, index: int, devices: list[jax.Device], run: RunConfig, stream: data_lib.ShardIterator,
-               tx: optax.GradientTransformation, round_program: Any = None):
+  def __init__(self, index: int, slice_index: int, devices: list[jax.Device], run: RunConfig,
+               stream: data_lib.ShardIterator, tx: optax.GradientTransformation,
+               injector: faults_lib.Injector | None = None):
     self.index = index
-    self.devices = devices
-    self.mesh = devices_lib.slice_mesh(devices)
-    self.param_sharding = lm.param_shardings(run.model, self.mesh, run.fsdp)
-    self.batch_sharding = NamedSharding(self.mesh, P(None, "data"))
-    self.stream = stream
-    self._prefetch_depth = run.data.prefetch
-    self.prefetcher = data_lib.Prefetcher(stream, depth=run.data.prefetch)
+    self.run = run
     self.tx = tx
-    self._round = jax.jit(make_round(run.model, tx), donate_argnums=0)
+    self.injector = injector
+    self.stream = stream
+    self.prefetcher = data_lib.Prefetcher(stream, depth=run.data.prefetch)
+    self.move_to(slice_index, devices)
     self.state: TrainState | None = None
     self.status = WAITING
     self.inflight: Segment | None = None
-    self.inbox: tuple[int, PyTree] | None = None  # (version, Θ on host) received but not yet applied
+    self.inbox: Delivery | None = None  # received but not yet adopted (the learner was busy)
     self.tokens = 0  # since Θ was last received
     self.steps = 0
+    self.cycle_busy = 0.0  # busy seconds since Θ was last received
+    self.cycle = 0  # counts receipts of Θ; a report and its answer carry it
+    self.reported_tokens = 0  # tokens of this cycle that went into a report
     self.base_version = 0
     self.total_steps = 0  # inner steps ever trained: drives the inner schedule
     self.busy_seconds = 0.0
     self.finished_at = float("nan")
     self.last_loss = float("nan")
-    self.reported_position: dict = self.prefetcher.state()  # data position at the end of the last report
+    self.cycle_start: dict = self.prefetcher.state()  # data position when Θ was last received
+    self.reported_position: dict = self.cycle_start  # data position at the end of the last report
+    self.corrupt_next = ""  # fault injection: corrupt the next report ("nan", "inf", "huge")
+    self.completions: list[tuple[float, int]] = []  # (time, inner steps) of every finished segment
     self.intervals: list[tuple[str, float, float, str]] = []
     self._state_since = 0.0
 
   # Placement -----------------------------------------------------------------
+
+  def move_to(self, slice_index: int, devices: list[jax.Device]) -> None:
+    """Binds the learner to a slice: its mesh, shardings and (re)compiled round program."""
+    self.slice_index = slice_index
+    self.devices = devices
+    self.mesh = devices_lib.slice_mesh(devices)
+    self.param_sharding = lm.param_shardings(self.run.model, self.mesh, self.run.fsdp)
+    self.batch_sharding = NamedSharding(self.mesh, P(None, "data"))
+    hook = faults_lib.device_check(self.injector, self.index, self.mesh) if self.injector else None
+    self._round = jax.jit(make_round(self.run.model, self.tx, hook), donate_argnums=0)
 
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
     """Starts from Θ with fresh inner optimizer state (initial start, rejoin, quarantine)."""
@@ -81,9 +106,12 @@ class Learner:
     self._received(version, now)
 
   def _received(self, version: int, now: float) -> None:
-    self.tokens = self.steps = 0
+    self.cycle += 1
+    self.tokens = self.steps = self.reported_tokens = 0
+    self.cycle_busy = 0.0
     self.base_version = version
     self.inbox = None
+    self.cycle_start = self.prefetcher.state()
     self.set_status(WAITING, now)
 
   def params_to_host(self, host_sharding: jax.sharding.Sharding) -> PyTree:
@@ -93,15 +121,14 @@ class Learner:
   # Rounds --------------------------------------------------------------------
 
   def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float) -> Segment:
-    """Enqueues `steps` inner steps as one device program and returns at once."""
-    start = self.prefetcher.state()
+    """Enqueues `steps` inner steps as one device program and returns at once (may raise)."""
     batches_HxBxT = np.stack([next(self.prefetcher) for _ in range(steps)])
+    tokens = steps * batches_HxBxT.shape[1] * (batches_HxBxT.shape[2] - 1)
+    self.set_status(TRAINING, now)
     batches_HxBxT = jax.device_put(batches_HxBxT, self.batch_sharding)
     state, metrics = self._round(self.state, batches_HxBxT)
-    tokens = steps * batches_HxBxT.shape[1] * (batches_HxBxT.shape[2] - 1)
-    self.inflight = Segment(kind, steps, tokens, start, now, modeled_seconds, state, metrics)
+    self.inflight = Segment(kind, steps, tokens, now, modeled_seconds, state, metrics)
     self.state = state
-    self.set_status(TRAINING, now)
     return self.inflight
 
   def collect(self, now: float) -> Segment:
@@ -109,12 +136,21 @@ class Learner:
     seg = self.inflight
     loss_H = np.asarray(jax.device_get(seg.metrics["loss"]))
     self.inflight = None
+    busy = seg.modeled_seconds if seg.modeled_seconds else now - seg.started_at
     self.tokens += seg.tokens
     self.steps += seg.steps
     self.total_steps += seg.steps
-    self.busy_seconds += seg.modeled_seconds if seg.modeled_seconds else now - seg.started_at
+    self.busy_seconds += busy
+    if seg.kind == "main":
+      self.cycle_busy += busy
     self.last_loss = float(loss_H.mean())
+    self.completions.append((now, seg.steps))
     return seg
+
+  def drop_inflight(self) -> int:
+    """Forgets the in-flight segment (its slice failed); returns the tokens it had taken."""
+    seg, self.inflight = self.inflight, None
+    return seg.tokens if seg else 0
 
   def rewind(self, position: dict) -> None:
     """Resumes the data shard at `position`: work after it did not reach Θ and is trained again."""
@@ -124,16 +160,16 @@ class Learner:
 
   def busy_fraction(self, now: float) -> float:
     """Share of the learner's active span (start to finishing its budget) spent training."""
-    span = (self.finished_at if self.status == DONE else now)
+    span = self.finished_at if self.status == DONE else now
     return self.busy_seconds / span if span > 0 else 1.0
 
   def set_status(self, status: str, now: float) -> None:
     """Moves to `status`, closing the timeline interval of the previous one."""
-    if status == DONE and self.status == DONE:
+    if status == self.status == DONE:
       return
     if status == DONE:
       self.finished_at = now
-    if now > self._state_since:
+    if now > self._state_since and self.status != DONE:
       self.intervals.append((f"learner {self.index}", self._state_since, now, self.status))
     self.status, self._state_since = status, now
 

@@ -1,11 +1,15 @@
 """Benchmark: the syncer's jitted RDA merge of M reports against a NumPy copy of the same bytes."""
 
+from collections.abc import Callable
 import dataclasses
+import functools
 import statistics
 import time
 from typing import Any
+import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from runtime import merge
@@ -28,34 +32,31 @@ class MergeBenchConfig:
   embed_mean: bool = False  # Route the embedding to the plain mean, as the syncer may.
   seed: int = 0  # Seed of the random deltas.
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     for field in ("params", "learners", "repeats"):
       if getattr(self, field) < 1:
         raise ConfigError(field, getattr(self, field), "an integer >= 1")
 
 
+COPY = "numpy copyto"
+MERGE_DONATED = "merge, reports donated"
+MERGE_FRESH = "merge, fresh output"
+
+
 @dataclasses.dataclass(frozen=True)
 class MergeBenchResult:
-  """Timings of one benchmark run, in seconds, with the bytes both sides read."""
+  """Seconds of each timed run of each side, by side, with the bytes every side reads."""
 
   input_bytes: int
-  merge_s: list[float]
-  copy_s: list[float]
+  seconds: dict[str, list[float]]
 
-  @property
-  def merge_bandwidth(self) -> float:
-    """Returns the merge's input bytes per second in its best run."""
-    return self.input_bytes / min(self.merge_s)
+  def bandwidth(self, side: str) -> float:
+    """Returns a side's input bytes per second in its best run."""
+    return self.input_bytes / min(self.seconds[side])
 
-  @property
-  def copy_bandwidth(self) -> float:
-    """Returns the copy's input bytes per second in its best run."""
-    return self.input_bytes / min(self.copy_s)
-
-  @property
-  def ratio(self) -> float:
-    """Returns merge bandwidth over copy bandwidth."""
-    return self.merge_bandwidth / self.copy_bandwidth
+  def ratio(self, side: str) -> float:
+    """Returns a side's bandwidth over the copy's."""
+    return self.bandwidth(side) / self.bandwidth(COPY)
 
 
 def transformer_shapes(params: int) -> dict[str, Any]:
@@ -92,58 +93,69 @@ def random_deltas(shapes: dict[str, Any], learners: int, seed: int) -> list[PyTr
   return [jax.tree.map(leaf, shapes, is_leaf=_is_shape) for _ in range(learners)]
 
 
-def _timed(fn: Any) -> float:
-  """Returns the seconds `fn()` takes."""
+def _timed(fn: Callable[[], Any]) -> float:
+  """Returns the seconds `fn()` takes, waiting for any jax.Array it returns."""
   start = time.perf_counter()
-  fn()
+  jax.block_until_ready(fn())
   return time.perf_counter() - start
 
 
 def run(config: MergeBenchConfig) -> MergeBenchResult:
-  """Times the merge and the copy, interleaved so both see the same load, and prints both."""
+  """Times both merges and the copy, interleaved so all see the same load, and prints them."""
   shapes = transformer_shapes(config.params)
   deltas = random_deltas(shapes, config.learners, config.seed)
+  # Learners ran different step counts of equal 65,536-token batches.
   steps = np.arange(config.learners) + 20
   weights = jax.device_put(merge.token_weight(steps * 65_536, steps), jax.devices("cpu")[0])
-  mean_for = merge.is_embedding if config.embed_mean else None
+  merge_fn = functools.partial(merge.merge, weights=weights, method="rda",
+                               mean_for=merge.is_embedding if config.embed_mean else None)
+  # A syncer that drops the reports after merging can donate them; the output then reuses
+  # their memory instead of faulting in fresh pages every round.
+  donating = jax.jit(merge_fn, donate_argnames="deltas")
 
-  def merge_once() -> None:
-    jax.block_until_ready(merge.merge(deltas, weights, method="rda", mean_for=mean_for))
+  def merge_donated() -> float:
+    reports = jax.tree.map(jnp.copy, deltas)  # Fresh buffers to donate, made untimed.
+    return _timed(lambda: donating(reports))
 
-  # np.asarray of a CPU jax.Array is a view, so the copy reads the very bytes the merge reads.
+  def merge_fresh() -> float:
+    return _timed(lambda: merge_fn(deltas))
+
+  # np.asarray of a CPU jax.Array is a view, so the copy reads the very bytes the merges read.
   sources = [np.asarray(leaf) for delta in deltas for leaf in jax.tree.leaves(delta)]
   targets = [np.empty_like(source) for source in sources]
 
-  def copy_once() -> None:
-    for source, target in zip(sources, targets):
-      np.copyto(target, source)
+  def copy() -> float:
+    return _timed(lambda: [np.copyto(target, source) for source, target in zip(sources, targets)])
 
-  copy_once()  # Faults the copy's targets in, as the first merge does its buffers.
-  compile_s = _timed(merge_once)
-  merge_s, copy_s = [], []
-  for _ in range(config.repeats):
-    merge_s.append(_timed(merge_once))
-    copy_s.append(_timed(copy_once))
+  sides = {MERGE_DONATED: merge_donated, MERGE_FRESH: merge_fresh, COPY: copy}
+  with warnings.catch_warnings():
+    # Only one of the M reports per tensor can hold the output; the rest are freed unused.
+    warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+    # The first runs compile the merges and fault in the copy's targets.
+    warmup_s = {name: side() for name, side in sides.items()}
+    seconds = {name: [] for name in sides}
+    for _ in range(config.repeats):
+      for name, side in sides.items():
+        seconds[name].append(side())
 
-  result = MergeBenchResult(sum(s.nbytes for s in sources), merge_s, copy_s)
-  print(format_result(config, result, len(sources) // config.learners, compile_s))
+  result = MergeBenchResult(sum(source.nbytes for source in sources), seconds)
+  print(format_result(config, result, len(sources) // config.learners, warmup_s))
   return result
 
 
 def format_result(config: MergeBenchConfig, result: MergeBenchResult, tensors: int,
-                  compile_s: float) -> str:
+                  warmup_s: dict[str, float]) -> str:
   """Returns the benchmark's report as printed lines."""
   params = result.input_bytes / 4 / config.learners
   route = "embedding by mean, rest by RDA" if config.embed_mean else "every tensor by RDA"
-  lines = [
-      f"merge bench: {params / 1e6:.1f}M params in {tensors} tensors x {config.learners} "
-      f"learners = {result.input_bytes / 1e9:.2f} GB of fp32 inputs; {route}; "
-      f"first merge (compile + run) {compile_s:.1f} s",
-  ]
-  for name, times, bandwidth in (("jitted merge", result.merge_s, result.merge_bandwidth),
-                                 ("numpy copyto", result.copy_s, result.copy_bandwidth)):
-    lines.append(f"  {name}: best {min(times) * 1e3:7.1f} ms  median "
-                 f"{statistics.median(times) * 1e3:7.1f} ms  {bandwidth / 1e9:5.1f} GB/s  "
-                 f"(runs: {', '.join(f'{t * 1e3:.0f}' for t in times)} ms)")
-  lines.append(f"  merge_bw / copy_bw = {result.ratio:.2f} (target >= 0.5)")
+  lines = [f"merge bench: {params / 1e6:.1f}M params in {tensors} tensors x {config.learners} "
+           f"learners = {result.input_bytes / 1e9:.2f} GB of fp32 inputs; {route}; token "
+           f"weights; best of {config.repeats} runs"]
+  for name, times in result.seconds.items():
+    lines.append(f"  {name:22s} best {min(times) * 1e3:6.0f} ms  median "
+                 f"{statistics.median(times) * 1e3:6.0f} ms  {result.bandwidth(name) / 1e9:5.1f} "
+                 f"GB/s  runs {', '.join(f'{t * 1e3:.0f}' for t in times)} ms  (first run "
+                 f"{warmup_s[name]:.1f} s)")
+  for name in (MERGE_DONATED, MERGE_FRESH):
+    lines.append(f"  merge_bw / copy_bw, {name}: {result.ratio(name):.2f} (target >= 0.5)")
   return "\n".join(lines)

@@ -29,6 +29,10 @@ class Report:
   base_version: int  # the outer step of the Θ the learner started from
   loss: float
   sent_at: float
+  data_start: dict = dataclasses.field(default_factory=dict)  # the learner's data position range
+  data_end: dict = dataclasses.field(default_factory=dict)  # ... that this report trained on
+  busy_seconds: float = 0.0  # slice time spent on this report's inner steps
+  cycle: int = 0  # the learner's cycle it closes
   arrived_at: float = float("nan")
 
 

@@ -27,10 +27,16 @@ def init_state(params: PyTree, tx: optax.GradientTransformation, step: int = 0) 
   return TrainState(step=jnp.asarray(step, jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation) -> Callable:
-  """(state, batch_BxT) -> (state, {loss, grad_norm}): one AdamW step."""
+def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
+                    step_hook: Callable[[jax.Array], jax.Array] | None = None) -> Callable:
+  """(state, batch_BxT) -> (state, {loss, grad_norm}): one AdamW step.
+
+  `step_hook(step) -> step` runs first in every step (fault injection calls the host there).
+  """
 
   def train_step(state: TrainState, batch_BxT: jax.Array) -> tuple[TrainState, dict]:
+    if step_hook is not None:
+      state = state.replace(step=step_hook(state.step))
     loss, grads = jax.value_and_grad(loss_fn)(state.params, cfg, batch_BxT)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -40,9 +46,10 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation) -> Calla
   return train_step
 
 
-def make_round(cfg: ModelConfig, tx: optax.GradientTransformation) -> Callable:
+def make_round(cfg: ModelConfig, tx: optax.GradientTransformation,
+               step_hook: Callable[[jax.Array], jax.Array] | None = None) -> Callable:
   """(state, batches_HxBxT) -> (state, {loss_H, grad_norm_H}): H inner steps as one device program."""
-  train_step = make_train_step(cfg, tx)
+  train_step = make_train_step(cfg, tx, step_hook)
 
   def run_round(state: TrainState, batches_HxBxT: jax.Array) -> tuple[TrainState, dict]:
     return jax.lax.scan(train_step, state, batches_HxBxT)

@@ -1,0 +1,199 @@
+"""Steady-state throughput benchmarks: launcher DP vs a hand-written loop, and Decoupled DiLoCo vs DP.
+
+Each benchmark alternates its two contenders in one process (the order flips every repeat, so drift in
+the shared machine's load hits both alike) and reports every repeat and the median ratio. Compilation
+and evaluation are excluded from both sides: DP is timed from its training records after the first
+steps, Decoupled DiLoCo from its merge records after every learner's first rounds.
+"""
+
+import collections
+import dataclasses
+import statistics
+import time
+from typing import Callable
+
+import jax
+import ml_collections
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from models import lm
+from runtime import devices as devices_lib
+from runtime.config import FaultConfig, RunConfig, with_mode
+from runtime.errors import ConfigError
+from runtime.experiment import Experiment
+from runtime.optim import inner_optimizer
+from runtime.report import summary_table
+from runtime.train import prepare, train_one
+
+BENCHMARKS = ("dp_overhead", "decoupled_vs_dp")
+TARGET = 0.95  # each ratio should reach this
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+  """Which benchmarks to run, how often, and how long each contender trains."""
+
+  which: str = "all"  # one of BENCHMARKS, or "all"
+  repeats: int = 3  # runs of each contender; the median ratio is reported
+  dp_steps: int = 60  # launcher DP steps per run
+  skip_steps: int = 10  # DP steps not timed (compilation); the hand loop runs as many untimed
+  hand_steps: int = 40  # hand-loop steps timed after the untimed ones
+  diloco_steps: int = 240  # DiLoCo token budget in global-batch steps (M=4, H=30: 8 rounds per learner)
+  skip_rounds: int = 2  # each learner's first rounds not timed (compilation, first merges' compilation)
+
+  def __post_init__(self) -> None:
+    if self.which not in (*BENCHMARKS, "all"):
+      raise ConfigError("which", self.which, f"one of {(*BENCHMARKS, 'all')}")
+    for name in ("repeats", "hand_steps", "skip_rounds"):
+      if getattr(self, name) < 1:
+        raise ConfigError(name, getattr(self, name), "an integer >= 1")
+    if self.skip_steps < 1 or self.dp_steps <= self.skip_steps:
+      raise ConfigError("dp_steps", self.dp_steps, f"more than skip_steps ({self.skip_steps}), itself >= 1")
+
+
+# Steady-state rates from run records ------------------------------------------------------------
+
+
+def dp_tokens_per_second(records: list[dict], skip_steps: int) -> float:
+  """Tokens/s between the first training record at or after `skip_steps` and the next-to-last one.
+
+  The last record is excluded because the final evaluation runs before it is logged.
+  """
+  train = [r for r in records if r["kind"] == "train" and r["step"] >= skip_steps][:-1]
+  if len(train) < 2:
+    raise ValueError(f"{len(train)} timed DP records: raise dp_steps")
+  first, last = train[0], train[-1]
+  return (last["tokens"] - first["tokens"]) / (last["time"] - first["time"])
+
+
+def diloco_tokens_per_second(records: list[dict], skip_rounds: int) -> float:
+  """Merged tokens per wall second between two merges of one learner, with every learner warm.
+
+  The window opens at the merge that brings the last learner to `skip_rounds` merged reports and closes
+  at that same learner's last merge before the drain (the first learner to run out of budget), so it
+  spans whole rounds of that learner and the rest are in the same phase at both ends.
+  """
+  merges = [r for r in records if r["kind"] == "merge" and r["merged"]]
+  counts: collections.Counter = collections.Counter()
+  warm_at: dict[int, int] = {}
+  last_at: dict[int, int] = {}
+  for i, record in enumerate(merges):
+    for m in record["merged"]:
+      counts[m] += 1
+      if counts[m] == skip_rounds:
+        warm_at[m] = i
+      last_at[m] = i
+  if len(warm_at) < len(last_at):
+    raise ValueError(f"a learner reported fewer than skip_rounds={skip_rounds} times: raise diloco_steps")
+  start = max(warm_at.values())
+  ref = next(m for m, i in warm_at.items() if i == start)
+  drain = min(last_at.values())
+  end = max((i for i in range(start + 1, drain + 1) if ref in merges[i]["merged"]), default=None)
+  if end is None:
+    raise ValueError("no full round between warm-up and drain: raise diloco_steps")
+  first, last = merges[start], merges[end]
+  return (last["tokens"] - first["tokens"]) / (last["wall"] - first["wall"])
+
+
+# Contenders ------------------------------------------------------------------------------------
+
+
+def hand_dp_tokens_per_second(run: RunConfig, exp: Experiment, warmup: int, steps: int) -> float:
+  """A minimal jitted DP loop on the launcher's mesh, model, optimizer and batches; no metrics."""
+  mesh = devices_lib.slice_mesh(devices_lib.controller_devices(run.num_devices))
+  tx = inner_optimizer(run.inner, run.total_steps)
+  batch_sh = NamedSharding(mesh, P("data"))
+  params = jax.jit(lm.init_params, static_argnums=0, out_shardings=lm.param_shardings(run.model, mesh, run.fsdp))(
+      run.model, jax.random.key(run.seed))
+  state = (params, jax.jit(tx.init)(params))
+  state_sh = jax.tree.map(lambda x: x.sharding, state)
+
+  def train_step(state: tuple, batch_BxT: jax.Array) -> tuple:
+    params, opt_state = state
+    grads = jax.grad(lm.loss_fn)(params, run.model, batch_BxT)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  step = jax.jit(train_step, in_shardings=(state_sh, batch_sh), out_shardings=state_sh, donate_argnums=0)
+  stream = exp.shard(0, 1, run.data.batch_size)
+  batches = [jax.device_put(next(stream), batch_sh) for _ in range(warmup + steps)]
+  for batch in batches[:warmup]:
+    state = step(state, batch)
+  jax.block_until_ready(state)
+  start = time.perf_counter()
+  for batch in batches[warmup:]:
+    state = step(state, batch)
+  jax.block_until_ready(state)
+  return steps * run.tokens_per_step / (time.perf_counter() - start)
+
+
+def launcher_dp_tokens_per_second(run: RunConfig, exp: Experiment, skip_steps: int) -> float:
+  """`runtime.dp.train_dp` through the launcher's entry point, timed from its records."""
+  return dp_tokens_per_second(train_one(run, exp, None, "dp").records, skip_steps)
+
+
+def decoupled_tokens_per_second(run: RunConfig, exp: Experiment, skip_rounds: int) -> float:
+  """Real-clock Decoupled DiLoCo through the launcher's entry point, timed from its merge records."""
+  return diloco_tokens_per_second(train_one(run, exp, None, "decoupled").records, skip_rounds)
+
+
+# Running and reporting ---------------------------------------------------------------------------
+
+
+def alternate(contenders: dict[str, Callable[[], float]], repeats: int) -> list[dict[str, float]]:
+  """Tokens/s of each contender per repeat; the order flips every repeat so load drift hits both."""
+  names = list(contenders)
+  rows = []
+  for r in range(repeats):
+    row = {}
+    for name in names if r % 2 == 0 else names[::-1]:
+      row[name] = contenders[name]()
+    rows.append(row)
+  return rows
+
+
+def format_result(title: str, rows: list[dict[str, float]], numerator: str, denominator: str) -> str:
+  """A table of tokens/s per repeat with their ratio, and the median ratio against TARGET."""
+  ratios = [row[numerator] / row[denominator] for row in rows]
+  table_rows = [{"repeat": i + 1, f"{numerator} tok/s": round(row[numerator]),
+                 f"{denominator} tok/s": round(row[denominator]), "ratio": ratio}
+                for i, (row, ratio) in enumerate(zip(rows, ratios))]
+  median = statistics.median(ratios)
+  table = summary_table(table_rows, list(table_rows[0]), title=title)
+  verdict = "meets" if median >= TARGET else "misses"
+  return f"{table}\nmedian ratio {numerator}/{denominator} = {median:.3f} ({verdict} the target >= {TARGET})"
+
+
+def run(config: ml_collections.ConfigDict, bench: BenchConfig) -> dict[str, float]:
+  """Runs the chosen benchmarks on `config`'s model, batch and devices; prints and returns median ratios."""
+  base = prepare(config)
+  base = dataclasses.replace(base, progress=False, tensorboard=False, faults=FaultConfig())
+  exp = Experiment(base)
+  dp = with_mode(dataclasses.replace(base, total_steps=bench.dp_steps, eval_every=bench.dp_steps + 1), "dp")
+  medians = {}
+  if bench.which in ("dp_overhead", "all"):
+    rows = alternate({
+        "launcher": lambda: launcher_dp_tokens_per_second(dp, exp, bench.skip_steps),
+        "hand": lambda: hand_dp_tokens_per_second(dp, exp, bench.skip_steps, bench.hand_steps),
+    }, bench.repeats)
+    title = (f"dp_overhead: runtime.dp.train_dp ({bench.dp_steps} steps, timed from step {bench.skip_steps}) "
+             f"vs a hand-written jitted loop ({bench.hand_steps} steps after {bench.skip_steps}); "
+             f"{dp.num_devices} devices, global batch {dp.data.batch_size}, model {dp.model.d_model}x{dp.model.num_layers}")
+    print(format_result(title, rows, "launcher", "hand"), flush=True)
+    medians["dp_overhead"] = statistics.median(r["launcher"] / r["hand"] for r in rows)
+  if bench.which in ("decoupled_vs_dp", "all"):
+    decoupled = with_mode(dataclasses.replace(
+        base, total_steps=bench.diloco_steps, eval_every=bench.diloco_steps + 1,
+        clock=dataclasses.replace(base.clock, kind="real")), "decoupled")
+    rows = alternate({
+        "decoupled": lambda: decoupled_tokens_per_second(decoupled, exp, bench.skip_rounds),
+        "dp": lambda: launcher_dp_tokens_per_second(dp, exp, bench.skip_steps),
+    }, bench.repeats)
+    title = (f"decoupled_vs_dp: real-clock Decoupled DiLoCo (M={decoupled.learners}, K={decoupled.outer.quorum}, "
+             f"H={decoupled.inner_steps}, {bench.diloco_steps} steps, first {bench.skip_rounds} rounds per learner "
+             f"and the drain untimed) vs DP ({bench.dp_steps} steps, timed from step {bench.skip_steps}); "
+             f"{decoupled.num_devices} devices, global batch {decoupled.data.batch_size}")
+    print(format_result(title, rows, "decoupled", "dp"), flush=True)
+    medians["decoupled_vs_dp"] = statistics.median(r["decoupled"] / r["dp"] for r in rows)
+  return medians
