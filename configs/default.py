@@ -40,6 +40,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Progress bar and TensorBoard event files.
   config.progress = True
   config.tensorboard = True
+  # Persistent XLA compilation cache shared by learners, modes and reruns ("" turns it off).
+  config.compile_cache = "~/.cache/decoupled-diloco/xla"
 
   config.model = ml_collections.ConfigDict()
   # A named size (tiny, small, base, 100m); fields set below override it.
@@ -55,7 +57,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Fraction of files held out for evaluation (chosen by a stable hash of each path).
   config.data.eval_fraction = 0.02
   # Read at most this many bytes of the corpus (None = all).
-  config.data.max_bytes = None
+  config.data.max_bytes = ml_collections.config_dict.placeholder(int)
   # Tokens (bytes) per training sequence.
   config.data.seq_len = 128
   # Global batch: summed over learners (each gets batch_size / learners).

@@ -119,6 +119,7 @@ class RunConfig:
   fsdp: bool = False  # shard parameters along the slice's data axis
   progress: bool = True
   tensorboard: bool = True
+  compile_cache: str = "~/.cache/decoupled-diloco/xla"  # persistent XLA compilation cache; "" = off
 
   @property
   def tokens_per_step(self) -> int:

@@ -126,39 +126,51 @@ class Controller:
       return False
     now = self.clock.now()
     modeled = sum(self.clock.step_seconds(learner.index) for _ in range(steps))
-    self._arm_crash(learner, steps, modeled)
+    crash_at = self._arm_crash(learner, steps, modeled)
     try:
       seg = learner.dispatch(kind, steps, now, modeled)
     except Exception as error:  # pylint: disable=broad-except
-      self._crash(learner, f"at dispatch: {error}")
-      return False
+      if crash_at is None:
+        self._crash(learner, f"at dispatch: {_describe(error)}")
+        return False
+      # The armed program failed as it was enqueued; in modeled time the slice dies at crash_at.
+      learner.failure = f"at dispatch: {_describe(error)}"
+      return True
     self.tokens_dispatched += tokens
     self.clock.on_done((seg.state, seg.metrics), modeled, Event("segment_done", learner.index))
     return True
 
-  def _arm_crash(self, learner: Learner, steps: int, modeled: float) -> None:
-    """Arms the device program to fail at the step where a crash of its slice falls, if any."""
+  def _arm_crash(self, learner: Learner, steps: int, modeled: float) -> float | None:
+    """Arms the device program to fail where a crash of its slice falls; returns that modeled time."""
     if self.injector is None:
-      return
-    first = learner.total_steps
-    at_step = [f.step for f in self.scheduled if f.kind == "crash" and f.learner == learner.index
+      return None
+    self.injector.disarm(learner.index)
+    first, now = learner.total_steps, self.clock.now()
+    by_step = [f for f in self.scheduled if f.kind == "crash" and f.learner == learner.index
                and first <= f.step < first + steps]
-    crash_at = self._next_crash_time.get(("learner", learner.index), float("inf"))
-    crash_at = min(crash_at, self._next_crash_time.get(("slice", learner.slice_index), float("inf")))
-    now = self.clock.now()
-    if self.clock.virtual and now <= crash_at < now + modeled:
-      at_step.append(first + int((crash_at - now) / modeled * steps))
-    if at_step:
-      self.injector.arm(learner.index, min(at_step))
-    else:
-      self.injector.disarm(learner.index)
+    if not self.clock.virtual:
+      if by_step:
+        self.injector.arm(learner.index, min(f.step for f in by_step))
+      return None
+    at_time = min(self._next_crash_time.get(("learner", learner.index), float("inf")),
+                  self._next_crash_time.get(("slice", learner.slice_index), float("inf")))
+    candidates = [(now + (f.step - first) / steps * modeled, f.step, f) for f in by_step]
+    if now <= at_time < now + modeled:
+      candidates.append((at_time, first + int((at_time - now) / modeled * steps), None))
+    if not candidates:
+      return None
+    crash_at, step, fault = min(candidates, key=lambda c: c[0])
+    self.injector.arm(learner.index, step)
+    if fault is not None:
+      self.clock.after(crash_at - now, Event("learner_crash", learner.index, fault))
+    return crash_at
 
   def _on_segment_done(self, event: Event) -> None:
     learner, now = self.learners[event.learner], self.clock.now()
     try:
       seg = learner.collect(now)
     except Exception as error:  # pylint: disable=broad-except
-      self._crash(learner, f"awaiting its round: {error}")
+      self._crash(learner, f"awaiting its round: {_describe(error)}")
       return
     self.xi_step.update((seg.modeled_seconds or now - seg.started_at) / seg.steps)
     if seg.kind == "main":
@@ -347,7 +359,10 @@ class Controller:
         learner.collect(now)  # the armed program fails here, a genuine device error
         why += " (its round had completed)"
       except Exception as error:  # pylint: disable=broad-except
-        why += f": {type(error).__name__}"
+        why += f", awaiting its round: {_describe(error)}"
+    elif learner.failure:
+      why += f", {learner.failure}"
+    learner.failure = ""
     lost = learner.drop_inflight()
     self._write_off(lost + learner.tokens - learner.reported_tokens)
     if not learner.reported_tokens:
@@ -457,6 +472,12 @@ class Controller:
         details=dict(busy=busy, intervals=intervals, merge_times=list(self.merge_times),
                      merged_ranges=list(self.merged_ranges), faults=list(self.faults_seen),
                      completions=[list(l.completions) for l in self.learners]))
+
+
+def _describe(error: Exception) -> str:
+  """The error's type and the last line of its message (callback errors carry a whole traceback)."""
+  lines = str(error).strip().splitlines() or [""]
+  return f"{type(error).__name__}: {lines[-1]}"
 
 
 def _uptime(intervals: list[tuple[str, float, float, str]], end: float) -> float:

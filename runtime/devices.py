@@ -60,3 +60,12 @@ def slice_mesh(devices: Sequence[jax.Device]) -> Mesh:
 def host_device() -> jax.Device:
   """Where the syncer's state lives: the host CPU."""
   return jax.devices("cpu")[0]
+
+
+def configure_compilation_cache(path: str) -> None:
+  """Persists compiled programs under `path` ('' = off): learners, modes and reruns share them."""
+  if not path:
+    return
+  jax.config.update("jax_compilation_cache_dir", os.path.expanduser(path))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

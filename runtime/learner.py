@@ -74,6 +74,7 @@ class Learner:
     self.last_loss = float("nan")
     self.cycle_start: dict = self.prefetcher.state()  # data position when Θ was last received
     self.reported_position: dict = self.cycle_start  # data position at the end of the last report
+    self.failure = ""  # the device error of a program that failed at dispatch, until its crash takes effect
     self.corrupt_next = ""  # fault injection: corrupt the next report ("nan", "inf", "huge")
     self.completions: list[tuple[float, int]] = []  # (time, inner steps) of every finished segment
     self.intervals: list[tuple[str, float, float, str]] = []

@@ -1,6 +1,7 @@
 """Test set-up: eight simulated CPU devices, configured before any backend starts."""
 
 import os
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (
@@ -8,6 +9,9 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 
 import pytest  # noqa: E402  (after the device set-up above)
+
+# Tests rebuild the same few programs many times; a shared on-disk cache compiles each once.
+_CACHE = os.path.join(tempfile.gettempdir(), "decoupled-diloco-test-xla-cache")
 
 
 @pytest.fixture
@@ -32,4 +36,5 @@ def tiny_config():
   config.log_every = 1
   config.progress = False
   config.tensorboard = False
+  config.compile_cache = _CACHE
   return config

@@ -1,0 +1,138 @@
+"""Data-parallel baselines under the same fault trace, in virtual time with real training steps.
+
+Both run synchronous steps over every healthy slice. Without elasticity, any failure stops the
+whole job: it pays a restart, loses the steps since its last checkpoint, and waits for the slice
+to be repaired (or a hot spare). Elastic DP pays a short reconfiguration, continues on the
+surviving slices with a smaller global batch, and pays it again when the slice returns.
+"""
+
+import os
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from models import lm
+from runtime import devices as devices_lib
+from runtime import faults as faults_lib
+from runtime.config import RunConfig
+from runtime.experiment import Experiment, RunResult, Stopwatch, make_logger
+from runtime.optim import inner_optimizer
+from runtime.train_step import init_state, make_train_step
+
+
+class _Programs:
+  """The jitted step for each set of healthy slices (a new mesh and batch size per set)."""
+
+  def __init__(self, run: RunConfig, slices: list[list[jax.Device]]):
+    self.run, self.slices, self._cache = run, slices, {}
+    self.tx = inner_optimizer(run.inner, run.total_steps)
+
+  def get(self, alive: tuple[int, ...]):
+    """(mesh, state shardings, jitted step) over the devices of the `alive` slices."""
+    if alive not in self._cache:
+      mesh = devices_lib.slice_mesh([d for s in alive for d in self.slices[s]])
+      params_sh = lm.param_shardings(self.run.model, mesh, self.run.fsdp)
+      abstract = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                              lm.abstract_params(self.run.model), params_sh)
+      state_sh = jax.jit(lambda p: init_state(p, self.tx)).lower(abstract).compile().output_shardings
+      step = jax.jit(make_train_step(self.run.model, self.tx), in_shardings=(state_sh, NamedSharding(mesh, P("data"))),
+                     out_shardings=(state_sh, None), donate_argnums=0)
+      self._cache[alive] = (mesh, state_sh, step)
+    return self._cache[alive]
+
+
+def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str) -> RunResult:
+  """Trains `dp_elastic` or `dp_restart` to the token budget against the seeded crash trace."""
+  elastic = run.mode == "dp_elastic"
+  f = run.faults
+  slices = devices_lib.make_slices(devices_lib.controller_devices(run.num_devices), run.num_slices)
+  active = run.learners  # slices the job trains on; the rest are hot spares
+  spares = len(slices) - active
+  programs = _Programs(run, slices)
+  per_slice = run.data.batch_size // run.learners
+  streams = [exp.shard(s, active, per_slice) for s in range(active)]
+  tokens_per_slice_step = per_slice * run.data.seq_len
+  traces = [faults_lib.crash_times(f, s, run.seed) for s in range(len(slices))]
+  next_crash = [next(tr, float("inf")) for tr in traces]
+  down_until = [0.0] * len(slices)
+  step_s = run.clock.step_seconds * max(run.clock.speeds or (1.0,))
+
+  full = tuple(range(active))
+  mesh, state_sh, step_fn = programs.get(full)
+  params = jax.jit(lm.init_params, static_argnums=0, out_shardings=state_sh.params)(run.model, jax.random.key(run.seed))
+  state = jax.jit(lambda p: init_state(p, programs.tx), out_shardings=state_sh)(params)
+  t, tokens, steps, alive = 0.0, 0, 0, full
+  useful = lost = 0.0  # slice-seconds of steps taken / of steps rolled back
+  advanced = 0.0  # seconds of steps that stand
+  since_ckpt: list[tuple[float, float]] = []  # (slice-seconds, seconds) of steps a restart would roll back
+  checkpoint = (jax.device_get(state), [s.state() for s in streams], tokens, steps)
+  clock, failures = Stopwatch(), 0
+  next_eval = run.eval_every * run.tokens_per_step
+  eval_loss = float("nan")
+  # A job that fails faster than it checkpoints never finishes; give up after this much modeled time.
+  give_up_at = 50 * run.total_steps * step_s
+  with make_logger(run, workdir, name) as logger:
+    while tokens < run.token_budget and t < give_up_at:
+      healthy = tuple(s for s in range(active) if down_until[s] <= t)
+      if not elastic and len(healthy) < active:
+        if spares == 0:
+          t = max(t, min(down_until[s] for s in range(active) if down_until[s] > t))  # idle until repaired
+          continue
+        healthy = full  # a hot spare stands in
+      if elastic and healthy != alive:
+        if healthy:
+          t += f.reconfig_seconds
+        else:
+          t = min(down_until[:active])  # every slice down: wait for the first repair
+          continue
+        alive = healthy
+        mesh, state_sh, step_fn = programs.get(alive)
+        state = jax.device_put(state, state_sh)
+      crash_s = int(np.argmin(next_crash))
+      if next_crash[crash_s] < t + step_s:  # a slice fails before this step completes
+        failures += 1
+        t = max(t, next_crash[crash_s])
+        down_until[crash_s] = t + f.repair_seconds
+        next_crash[crash_s] = next(traces[crash_s], float("inf"))
+        logger.log("fault", dict(fault="crash", slice=crash_s, time=t))
+        in_use = crash_s in (alive if elastic else full)
+        if elastic or not in_use:
+          continue  # the in-flight step is lost (not applied); elastic DP reconfigures next iteration
+        t += f.restart_seconds
+        lost += sum(x for x, _ in since_ckpt)
+        advanced -= sum(y for _, y in since_ckpt)
+        since_ckpt = []
+        host_state, positions, tokens, steps = checkpoint
+        state = jax.device_put(host_state, state_sh)
+        for stream, pos in zip(streams, positions):
+          stream.restore(pos)
+        continue
+      batch = np.concatenate([next(streams[s]) for s in (alive if elastic else full)])
+      state, metrics = step_fn(state, jax.device_put(batch, NamedSharding(mesh, P("data"))))
+      n = len(alive if elastic else full)
+      t += step_s
+      steps += 1
+      tokens += n * tokens_per_slice_step
+      useful += n * step_s
+      advanced += step_s
+      since_ckpt.append((n * step_s, step_s))
+      if not elastic and steps % f.checkpoint_every == 0:
+        checkpoint = (jax.device_get(state), [s.state() for s in streams], tokens, steps)
+        since_ckpt = []
+      if steps % run.log_every == 0:
+        logger.log("train", dict(step=steps, tokens=tokens, time=t, loss=float(metrics["loss"]), slices=n))
+      if tokens >= next_eval or tokens >= run.token_budget or t >= give_up_at:
+        next_eval += run.eval_every * run.tokens_per_step
+        eval_loss = exp.evaluate(state.params, mesh)
+        logger.log("eval", dict(step=steps, tokens=tokens, time=t, eval_loss=eval_loss))
+    if tokens < run.token_budget:  # gave up: report where the model got to
+      eval_loss = exp.evaluate(state.params, mesh)
+      logger.log("eval", dict(step=steps, tokens=tokens, time=t, eval_loss=eval_loss))
+    records = logger.records
+  allocated = len(slices) * t
+  return RunResult(
+      run=name, mode=run.mode, tokens=tokens, final_eval_loss=eval_loss, wall_seconds=clock(), virtual_seconds=t,
+      tokens_per_second=tokens / clock(), records=records, params=jax.device_get(state.params),
+      extras=dict(goodput=(useful - lost) / allocated if allocated else 0.0,
+                  uptime=advanced / t if t else 0.0, faults=failures))

@@ -1,0 +1,134 @@
+"""Failures driven from the controller: every fault kind is survived with nothing lost or merged twice."""
+
+import jax
+import numpy as np
+import pytest
+
+from runtime import train
+from runtime.controller import Controller
+from runtime.experiment import Experiment
+
+
+def _controller(config):
+  run = train.prepare(config)
+  return Controller(run, Experiment(run), None, "run")
+
+
+def _faulty(config, schedule, **faults):
+  config.faults.schedule = schedule
+  for key, value in faults.items():
+    config.faults[key] = value
+  return _controller(config).train()
+
+
+def _assert_no_token_skipped_or_repeated(result, run_budget):
+  """Each learner's merged data ranges tile its stream from batch 0, and merged tokens hit the budget."""
+  for m in {r[0] for r in result.details["merged_ranges"]}:
+    ranges = sorted((a, b) for l, a, b in result.details["merged_ranges"] if l == m)
+    assert ranges[0][0] == 0, ranges
+    for (_, end), (start, _) in zip(ranges, ranges[1:]):
+      assert start == end, f"learner {m}: gap or overlap in {ranges}"
+  assert result.tokens == run_budget
+
+
+def _faults(result, kind):
+  return [f for f in result.details["faults"] if f["fault"] == kind]
+
+
+@pytest.fixture
+def four_learners(tiny_config):
+  tiny_config.total_steps = 24
+  return tiny_config
+
+
+def test_crash_inside_the_device_program_is_survived_and_the_learner_rejoins(four_learners):
+  budget = train.prepare(four_learners).token_budget
+  result = _faulty(four_learners, "crash:learner=1,time=6", repair_seconds=5.0)
+  crash, = _faults(result, "crash")
+  assert "JaxRuntimeError" in crash["detail"]  # a genuine device error, raised by the host callback
+  rejoin, = _faults(result, "rejoin")
+  assert rejoin["learner"] == 1 and rejoin["time"] == pytest.approx(11.0)
+  merged_after = [r for r in result.records if r["kind"] == "merge" and r["time"] > 11.0 and 1 in r["merged"]]
+  assert merged_after, "the rejoined learner never contributed again"
+  _assert_no_token_skipped_or_repeated(result, budget)
+  assert np.isfinite(result.final_eval_loss)
+
+
+def test_survivors_step_times_equal_a_run_without_faults(four_learners):
+  calm = _controller(four_learners).train()
+  crashed = _faulty(four_learners, "crash:learner=3,time=5", repair_seconds=100.0)
+  for m in range(3):
+    reference = calm.details["completions"][m]
+    assert crashed.details["completions"][m][:len(reference)] == reference
+
+
+def test_straggler_slows_only_itself_and_is_never_waited_for(four_learners):
+  calm = _controller(four_learners).train()
+  slow = _faulty(four_learners, "straggler:learner=2,time=2,duration=20,factor=3")
+  for m in (0, 1, 3):
+    reference = calm.details["completions"][m]
+    assert slow.details["completions"][m][:len(reference)] == reference
+  # Its first round (dispatched at 0) is unaffected; the next one, dispatched at 4, takes 4 steps × 3 s.
+  assert slow.details["completions"][2][:2] == [(4.0, 4), (pytest.approx(16.0, abs=1e-3), 4)]
+  assert min(slow.details["busy"]) >= 0.99
+
+
+def test_crash_that_surfaces_at_dispatch_is_handled(four_learners, monkeypatch):
+  controller = _controller(four_learners)
+  learner = controller.learners[2]
+  real_dispatch, calls = learner.dispatch, []
+
+  def failing_dispatch(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+      raise jax.errors.JaxRuntimeError("INTERNAL: slice unreachable")
+    return real_dispatch(*args, **kwargs)
+
+  monkeypatch.setattr(learner, "dispatch", failing_dispatch)
+  result = controller.train()
+  crash, = _faults(result, "crash")
+  assert crash["learner"] == 2 and "at dispatch" in crash["detail"]
+  assert _faults(result, "rejoin")
+  _assert_no_token_skipped_or_repeated(result, controller.run.token_budget)
+
+
+@pytest.mark.parametrize("how", ["nan", "huge"])
+def test_corrupt_report_is_quarantined_and_never_reaches_theta(four_learners, how):
+  budget = train.prepare(four_learners).token_budget
+  four_learners.clock.speeds = (1.0, 1.1, 1.2, 1.3)  # one report per merge, so the quarantine is isolated
+  result = _faulty(four_learners, f"corrupt:learner=0,time=5,how={how}")
+  quarantine, = _faults(result, "quarantine")
+  assert quarantine["learner"] == 0
+  merges = [r for r in result.records if r["kind"] == "merge"]
+  assert all(np.isfinite(r["update_norm"]) and r["update_norm"] < 1e3 for r in merges)
+  assert any(0 in r["merged"] and r["time"] > quarantine["time"] for r in merges)
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(result.params))
+  _assert_no_token_skipped_or_repeated(result, budget)
+
+
+@pytest.mark.parametrize("mode", ["delay", "drop"])
+def test_link_loss_delays_or_loses_reports_without_losing_tokens(four_learners, mode):
+  budget = train.prepare(four_learners).token_budget
+  result = _faulty(four_learners, f"link:learner=3,time=3,duration=6,mode={mode}", report_timeout_seconds=4.0)
+  if mode == "drop":
+    assert _faults(result, "link_drop")
+  merges = [r for r in result.records if r["kind"] == "merge"]
+  first_from_3 = min(r["time"] for r in merges if 3 in r["merged"])
+  assert first_from_3 >= 9.0 if mode == "delay" else first_from_3 >= 12.0
+  _assert_no_token_skipped_or_repeated(result, budget)
+
+
+def test_with_every_learner_down_the_run_waits_and_resumes(four_learners):
+  budget = train.prepare(four_learners).token_budget
+  schedule = ";".join(f"crash:learner={m},time=5,repair=10" for m in range(4))
+  result = _faulty(four_learners, schedule)
+  assert len(_faults(result, "crash")) == 4 and len(_faults(result, "rejoin")) == 4
+  assert all(r["time"] >= 15.0 for r in result.records if r["kind"] == "merge" and r["version"] > 1)
+  _assert_no_token_skipped_or_repeated(result, budget)
+
+
+def test_synchronous_quorum_shrinks_to_the_learners_alive_instead_of_deadlocking(four_learners):
+  four_learners.mode = "diloco_sync"
+  result = _faulty(four_learners, "crash:learner=0,time=2", repair_seconds=1000.0)
+  merges = [r for r in result.records if r["kind"] == "merge"]
+  assert merges and all(r["quorum"] == 3 and 0 not in r["merged"] for r in merges)
