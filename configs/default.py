@@ -62,6 +62,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.seq_len = 128
   # Global batch: summed over learners (each gets batch_size / learners).
   config.data.batch_size = 32
+  # How the stream is cut into one shard per learner: "strided" (each shard samples the whole
+  # corpus) or "contiguous" (each shard is a span of whole files: non-IID learners).
+  config.data.shard_layout = "strided"
   # Batches prepared ahead in a background thread.
   config.data.prefetch = 4
 

@@ -28,6 +28,7 @@ class DataConfig:
   seq_len: int = 128
   batch_size: int = 32  # global: summed over all learners / all devices
   prefetch: int = 2
+  shard_layout: str = "strided"  # "strided" (each shard spans the corpus) or "contiguous" (a span of files)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,6 +219,8 @@ def validate(run: RunConfig) -> None:
   _check(0.0 < d.eval_fraction < 1.0, "data.eval_fraction", d.eval_fraction, "a float in (0, 1)")
   _check(d.max_bytes is None or d.max_bytes > 0, "data.max_bytes", d.max_bytes, "None or a positive integer")
   _check(d.prefetch >= 1, "data.prefetch", d.prefetch, "an integer >= 1")
+  _check(d.shard_layout in ("strided", "contiguous"), "data.shard_layout", d.shard_layout,
+         "one of ('strided', 'contiguous')")
   groups = run.learners if run.mode in ("decoupled", "diloco_sync", "dp_elastic", "dp_restart") else 1
   per_slice = run.num_devices // max(run.num_slices, 1)
   _check(d.batch_size >= 1 and d.batch_size % groups == 0, "data.batch_size", d.batch_size,

@@ -257,11 +257,23 @@ class Controller:
     """Extra wait after quorum: fixed, or the learners' overlap slack not used by quorum and sync."""
     o = self.run.outer
     if o.grace == "fixed":
-      return o.grace_seconds
-    if o.grace == "adaptive":
+      grace = o.grace_seconds
+    elif o.grace == "adaptive":
       slack = self.run.overlap_steps * self.xi_step.value - self.xi_quorum.value - self.xi_sync.value
-      return o.grace_gamma * max(slack, 0.0)
-    return 0.0
+      grace = o.grace_gamma * max(slack, 0.0)
+    else:
+      return 0.0
+    # Never past the moment a reporting learner finishes its overlap and would wait for Θ.
+    now = self.clock.now()
+    deadlines = [self._overlap_end(self.learners[r.learner]) - now - self.xi_sync.value for r in self.pending]
+    return max(0.0, min([grace, *deadlines]))
+
+  def _overlap_end(self, learner: Learner) -> float:
+    """When the learner will need Θ: the end of its overlap segment (now, if it is already waiting)."""
+    seg = learner.inflight
+    if seg is None or seg.kind != "overlap":
+      return self.clock.now()
+    return seg.started_at + (seg.modeled_seconds if self.clock.virtual else seg.steps * self.xi_step.value)
 
   def _schedule_merge(self, delay: float) -> None:
     self.merge_state = "scheduled"

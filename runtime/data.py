@@ -21,6 +21,11 @@ def shard_bounds(num_tokens: int, num_shards: int, shard_index: int) -> tuple[in
   return (shard_index * num_tokens // num_shards, (shard_index + 1) * num_tokens // num_shards)
 
 
+# "contiguous": shard i is the i-th span of the stream (whole files: non-IID across shards);
+# "strided": shard i holds windows i, i + M, i + 2M, ... (every shard samples the whole corpus).
+SHARD_LAYOUTS = ("contiguous", "strided")
+
+
 class ShardIterator:
   """Batches [batch_size, seq_len + 1] of int32 from one shard's windows, in seeded epoch order.
 
@@ -32,10 +37,18 @@ class ShardIterator:
   """
 
   def __init__(self, tokens: np.ndarray, *, batch_size: int, seq_len: int,
-               num_shards: int = 1, shard_index: int = 0, seed: int = 0):
+               num_shards: int = 1, shard_index: int = 0, seed: int = 0, layout: str = "contiguous"):
     self._windows = _windows(tokens, seq_len, batch_size)
-    self._first, end = shard_bounds(len(self._windows), num_shards, shard_index)
-    self._num_windows = end - self._first
+    if layout not in SHARD_LAYOUTS:
+      raise DataError(f"shard layout = {layout!r} is invalid: allowed one of {SHARD_LAYOUTS}")
+    self._strided = layout == "strided"
+    if self._strided:  # window g belongs to shard g % num_shards: every shard samples the whole corpus
+      shard_bounds(len(self._windows), num_shards, shard_index)  # validates the arguments
+      self._first = shard_index
+      self._num_windows = len(range(shard_index, len(self._windows), num_shards))
+    else:
+      self._first, end = shard_bounds(len(self._windows), num_shards, shard_index)
+      self._num_windows = end - self._first
     if self._num_windows < batch_size:
       window = seq_len + 1
       raise DataError(
@@ -100,7 +113,7 @@ class ShardIterator:
     for epoch in np.unique(epochs):
       in_epoch = epochs == epoch
       local[in_epoch] = self._permutation(int(epoch))[offsets[in_epoch]]
-    return self._first + local
+    return self._first + local * self._num_shards if self._strided else self._first + local
 
   def batch_at(self, position: int) -> np.ndarray:
     """Batch `position` (int32, [batch_size, seq_len + 1]) without moving the iterator."""

@@ -57,7 +57,8 @@ class Experiment:
   def shard(self, shard_index: int, num_shards: int, batch_size: int) -> data_lib.ShardIterator:
     """The training stream's shard `shard_index` of `num_shards`."""
     return data_lib.ShardIterator(self.corpus.train, batch_size=batch_size, seq_len=self.run.data.seq_len,
-                                  num_shards=num_shards, shard_index=shard_index, seed=self.run.seed)
+                                  num_shards=num_shards, shard_index=shard_index, seed=self.run.seed,
+                                  layout=self.run.data.shard_layout)
 
   def evaluate(self, params: PyTree, mesh: Mesh) -> float:
     """Mean held-out loss of `params` computed on `mesh` (params must already live there)."""
@@ -84,7 +85,7 @@ def finish(results: list[RunResult], workdir: str | os.PathLike | None, title: s
     (out / "summary.txt").write_text(table + "\n")
     (out / "summary.md").write_text(report.summary_table([r.row() for r in results], columns, markdown=True) + "\n")
     runs = {r.run: r.records for r in results}
-    report.plot_curves(runs, out / "loss.png", x=("tokens", "time"), title=title)
+    report.plot_curves(runs, out / "loss.png", x=("tokens", "time"), kinds=("train", "merge", "eval"), title=title)
   return table
 
 

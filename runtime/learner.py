@@ -91,11 +91,12 @@ class Learner:
     self.batch_sharding = NamedSharding(self.mesh, P(None, "data"))
     hook = faults_lib.device_check(self.injector, self.index, self.mesh) if self.injector else None
     self._round = jax.jit(make_round(self.run.model, self.tx, hook), donate_argnums=0)
+    self._init = jax.jit(lambda p, step: init_state(p, self.tx, step))
 
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
     """Starts from Θ with fresh inner optimizer state (initial start, rejoin, quarantine)."""
     params = _copy_to(theta_host, self.param_sharding)
-    self.state = jax.jit(lambda p: init_state(p, self.tx, self.total_steps))(params)
+    self.state = self._init(params, self.total_steps)
     self._received(version, now)
 
   def receive(self, theta_host: PyTree, version: int, mix_alpha: float, now: float) -> None:

@@ -22,7 +22,7 @@ class TrainState:
   opt_state: PyTree
 
 
-def init_state(params: PyTree, tx: optax.GradientTransformation, step: int = 0) -> TrainState:
+def init_state(params: PyTree, tx: optax.GradientTransformation, step: int | jax.Array = 0) -> TrainState:
   """A fresh inner state around `params`."""
   return TrainState(step=jnp.asarray(step, jnp.int32), params=params, opt_state=tx.init(params))
 

@@ -317,3 +317,13 @@ def test_eval_batches_are_fixed_evenly_spaced_windows():
 def test_eval_split_too_small_says_what_it_has_and_needs():
   with pytest.raises(DataError, match=r"eval split has 1000 tokens \(100 .* need 1100 tokens"):
     data.eval_batches(_TOKENS, batch_size=10, seq_len=9, num_batches=11)
+
+
+def test_strided_shards_are_disjoint_cover_every_window_and_each_spans_the_stream():
+  tokens = np.arange(10 * 11 * 4, dtype=np.int64) % 256
+  shards = [data.ShardIterator(tokens, batch_size=2, seq_len=10, num_shards=4, shard_index=i, layout="strided")
+            for i in range(4)]
+  seen = [np.concatenate([s.window_ids(p) for p in range(s.num_windows // 2)]) for s in shards]
+  everything = np.concatenate(seen)
+  assert len(everything) == len(set(everything.tolist())) == 40
+  assert all(ids.min() < 8 and ids.max() >= 32 for ids in seen)

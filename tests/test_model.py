@@ -30,10 +30,11 @@ def test_output_at_a_position_has_exactly_zero_gradient_wrt_later_inputs(positio
 
 
 def test_loss_of_untrained_model_is_near_uniform_over_bytes():
+  # Unit-variance logits add about 0.5 nats to ln(256).
   cfg = ModelConfig(num_layers=1, d_model=32, num_heads=2, mlp_dim=64, max_len=16)
   params = lm.init_params(cfg, jax.random.key(1))
   batch = jnp.asarray(np.random.default_rng(1).integers(0, 256, (4, 17)), jnp.int32)
-  assert abs(float(lm.loss_fn(params, cfg, batch)) - np.log(256)) < 0.3
+  assert np.log(256) < float(lm.loss_fn(params, cfg, batch)) < np.log(256) + 1.0
 
 
 def test_fsdp_specs_split_each_large_tensor_along_a_divisible_axis():
