@@ -84,7 +84,7 @@ class Syncer:
       return optax.apply_updates(theta, updates), opt_state, merge_lib.global_norm(updates)
 
     self._deltas = jax.jit(deltas_fn)
-    self._step = jax.jit(step_fn)
+    self._step = jax.jit(step_fn, donate_argnums=2)  # the deltas are temporaries of this merge
 
   def reference(self, report: Report) -> PyTree:
     """The Θ that a report's outer gradient is measured against."""
