@@ -2,7 +2,7 @@
 
 import pytest
 
-from configs import default, smoke
+from configs import chaos, default, diloco_sync, dp, smoke
 from runtime.config import from_config_dict
 from runtime.errors import ConfigError
 
@@ -45,7 +45,12 @@ def test_unknown_field_lists_the_known_ones():
     from_config_dict(config)
 
 
-def test_shipped_configs_validate_and_size_presets_apply():
+@pytest.mark.parametrize("module", [default, smoke, dp, diloco_sync, chaos])
+def test_every_shipped_training_config_validates(module):
+  from_config_dict(module.get_config())
+
+
+def test_size_presets_apply():
   run = from_config_dict(smoke.get_config())
   assert run.model.d_model == 64 and run.model.num_layers == 2
   run = from_config_dict(default.get_config())
