@@ -93,6 +93,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.outer.token_weighting = True
   # Outer gradient against the syncer's "current" Θ or the learner's "base" Θ.
   config.outer.outer_grad_base = "current"
+  # "fraction": a merge of n of M learners is n/M of an outer step (keeps K=1 merges stable under
+  # Nesterov momentum); "none": every merge is a full outer step.
+  config.outer.scale = "fraction"
   # Grace window after quorum: "none", "adaptive" (uses the overlap slack) or "fixed".
   config.outer.grace = "adaptive"
   config.outer.grace_gamma = 1.0

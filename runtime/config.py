@@ -56,6 +56,7 @@ class OuterConfig:
   embed_mean: bool = True  # embeddings use the plain weighted mean under RDA
   token_weighting: bool = True
   outer_grad_base: str = "current"  # Δ_m = Θ_current − θ_m, or Θ_base(m) − θ_m
+  scale: str = "fraction"  # "fraction": a merge of n of M learners scales the outer gradient by n/M; "none"
   grace: str = "adaptive"
   grace_gamma: float = 1.0
   grace_seconds: float = 0.0  # for grace == "fixed"
@@ -245,6 +246,7 @@ def validate(run: RunConfig) -> None:
   _check(o.merge in MERGE_METHODS, "outer.merge", o.merge, f"one of {MERGE_METHODS}")
   _check(o.outer_grad_base in OUTER_GRAD_BASES, "outer.outer_grad_base", o.outer_grad_base,
          f"one of {OUTER_GRAD_BASES}")
+  _check(o.scale in ("fraction", "none"), "outer.scale", o.scale, "one of ('fraction', 'none')")
   _check(o.grace in GRACE_KINDS, "outer.grace", o.grace, f"one of {GRACE_KINDS}")
   _check(0 <= o.grace_gamma <= 1, "outer.grace_gamma", o.grace_gamma, "a float in [0, 1]")
   _check(o.grace_seconds >= 0, "outer.grace_seconds", o.grace_seconds, "a float >= 0")

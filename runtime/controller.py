@@ -52,7 +52,7 @@ class Controller:
     theta = jax.jit(lm.init_params, static_argnums=0, out_shardings=self.host_sharding)(
         run.model, jax.random.key(run.seed))
     self.param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(theta))
-    self.syncer = Syncer(run.outer, theta, f.quarantine_factor, f.max_delta_norm)
+    self.syncer = Syncer(run.outer, theta, run.learners, f.quarantine_factor, f.max_delta_norm)
     self.clock = make_clock(run.clock, run.learners, run.seed)
     self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="syncer")
     self.wall = Stopwatch()
@@ -99,6 +99,10 @@ class Controller:
         learner.set_status(DONE, now)
         learner.close()
       self.pool.shutdown()
+      try:
+        jax.effects_barrier()  # collects the errors of crashed programs now, not at interpreter exit
+      except Exception:  # pylint: disable=broad-except
+        pass
       self._evaluate(force=True)
       records = self.logger.records
     return self._result(records)

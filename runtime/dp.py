@@ -27,29 +27,33 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
                     out_shardings=(state_sh, None), donate_argnums=0)
   stream = data_lib.Prefetcher(exp.shard(0, 1, run.data.batch_size), depth=run.data.prefetch,
                                transform=lambda b: jax.device_put(b, batch_sh))
-  clock = Stopwatch()
+  wall = Stopwatch()
+  # Under the virtual clock a DP step takes the modeled step time of the slowest device group.
+  step_s = run.clock.step_seconds * max(run.clock.speeds or (1.0,))
+  clock = (lambda step: step * step_s) if run.clock.kind == "virtual" else (lambda step: wall())
   eval_loss = float("nan")
   with make_logger(run, workdir, name) as logger, stream:
     pending = None  # (step, metrics) pulled one step late so dispatch never waits on the host
     for step in range(1, run.total_steps + 1):
       state, metrics = step_fn(state, next(stream))
       if pending is not None:
-        _log_train(logger, run, *pending, clock())
+        _log_train(logger, run, *pending, clock(pending[0]), wall())
       pending = (step, metrics) if step % run.log_every == 0 or step == run.total_steps else None
       if step % run.eval_every == 0 or step == run.total_steps:
         eval_loss = exp.evaluate(state.params, mesh)
-        logger.log("eval", dict(step=step, tokens=step * run.tokens_per_step, time=clock(), eval_loss=eval_loss))
+        logger.log("eval", dict(step=step, tokens=step * run.tokens_per_step, time=clock(step), eval_loss=eval_loss))
     if pending is not None:
-      _log_train(logger, run, *pending, clock())
-    wall = clock()
+      _log_train(logger, run, *pending, clock(pending[0]), wall())
+    wall_s = wall()
     records = logger.records
   tokens = run.total_steps * run.tokens_per_step
-  return RunResult(run=name, mode="dp", tokens=tokens, final_eval_loss=eval_loss, wall_seconds=wall,
-                   virtual_seconds=float("nan"), tokens_per_second=tokens / wall, records=records,
+  virtual = clock(run.total_steps) if run.clock.kind == "virtual" else float("nan")
+  return RunResult(run=name, mode="dp", tokens=tokens, final_eval_loss=eval_loss, wall_seconds=wall_s,
+                   virtual_seconds=virtual, tokens_per_second=tokens / wall_s, records=records,
                    params=jax.device_get(state.params))
 
 
-def _log_train(logger, run: RunConfig, step: int, metrics: dict, now: float) -> None:
+def _log_train(logger, run: RunConfig, step: int, metrics: dict, now: float, wall: float) -> None:
   m = host(metrics)
-  logger.log("train", dict(step=step, tokens=step * run.tokens_per_step, time=now,
+  logger.log("train", dict(step=step, tokens=step * run.tokens_per_step, time=now, wall=wall,
                            loss=float(m["loss"]), grad_norm=float(m["grad_norm"])))

@@ -61,8 +61,10 @@ def outer_optimizer(cfg: OuterConfig) -> optax.GradientTransformation:
 class Syncer:
   """Holds Θ, its history for learners still working from old versions, and the outer optimizer."""
 
-  def __init__(self, cfg: OuterConfig, params: PyTree, quarantine_factor: float, max_delta_norm: float):
+  def __init__(self, cfg: OuterConfig, params: PyTree, num_learners: int, quarantine_factor: float,
+               max_delta_norm: float):
     self.cfg = cfg
+    self.num_learners = num_learners
     self.tx = outer_optimizer(cfg)
     self.version = 0
     self.params = params
@@ -78,8 +80,8 @@ class Syncer:
       deltas = [jax.tree.map(jnp.subtract, r, l) for r, l in zip(refs, locals_)]
       return deltas, jnp.stack([merge_lib.global_norm(d) for d in deltas])
 
-    def step_fn(theta: PyTree, opt_state: PyTree, deltas: Sequence[PyTree], weights: jax.Array):
-      delta = merge_lib.merge(deltas, weights, method=cfg.merge, mean_for=mean_for)
+    def step_fn(theta: PyTree, opt_state: PyTree, deltas: Sequence[PyTree], weights: jax.Array, scale: jax.Array):
+      delta = jax.tree.map(lambda d: d * scale, merge_lib.merge(deltas, weights, method=cfg.merge, mean_for=mean_for))
       updates, opt_state = tx.update(delta, opt_state, theta)
       return optax.apply_updates(theta, updates), opt_state, merge_lib.global_norm(updates)
 
@@ -109,8 +111,10 @@ class Syncer:
       weights = np.array([float(merge_lib.token_weight(r.tokens, r.steps)) for r in kept])
     else:
       weights = np.ones(len(kept))
+    # A merge of n of M learners is n/M of a synchronous outer step (outer.scale == "fraction").
+    scale = len(kept) / self.num_learners if self.cfg.scale == "fraction" else 1.0
     params, opt_state, update_norm = self._step(self.params, self.opt_state, [deltas[i] for i in keep],
-                                                jnp.asarray(weights, jnp.float32))
+                                                jnp.asarray(weights, jnp.float32), jnp.float32(scale))
     return MergeResult(
         version=version, params=params, opt_state=opt_state, merged=tuple(r.learner for r in kept),
         quarantined=tuple(quarantined), weights=tuple(float(w) for w in weights),
