@@ -8,6 +8,7 @@ steps, Decoupled DiLoCo from its merge records after every learner's first round
 
 import collections
 import dataclasses
+import os
 import statistics
 import time
 from typing import Callable
@@ -147,13 +148,18 @@ def decoupled_tokens_per_second(run: RunConfig, exp: Experiment, skip_rounds: in
 
 
 def alternate(contenders: dict[str, Callable[[], float]], repeats: int) -> list[dict[str, float]]:
-  """Tokens/s of each contender per repeat; the order flips every repeat so load drift hits both."""
+  """Tokens/s of each contender per repeat; the order flips every repeat so load drift hits both.
+
+  Each row also holds the host's 1-minute load average after the repeat: other processes on a shared
+  host take cores from both contenders unevenly, and a ratio taken under load says less.
+  """
   names = list(contenders)
   rows = []
   for r in range(repeats):
     row = {}
     for name in names if r % 2 == 0 else names[::-1]:
       row[name] = contenders[name]()
+    row["load"] = os.getloadavg()[0]
     rows.append(row)
   return rows
 
@@ -162,7 +168,7 @@ def format_result(title: str, rows: list[dict[str, float]], numerator: str, deno
   """A table of tokens/s per repeat with their ratio, the median ratio against TARGET, and that median."""
   ratios = [row[numerator] / row[denominator] for row in rows]
   table_rows = [{"repeat": i + 1, f"{numerator} tok/s": round(row[numerator]),
-                 f"{denominator} tok/s": round(row[denominator]), "ratio": ratio}
+                 f"{denominator} tok/s": round(row[denominator]), "ratio": ratio, "host load": row["load"]}
                 for i, (row, ratio) in enumerate(zip(rows, ratios))]
   median = statistics.median(ratios)
   table = summary_table(table_rows, list(table_rows[0]), title=title)

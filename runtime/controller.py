@@ -68,6 +68,7 @@ class Controller:
     self.link_down: dict[int, tuple[float, str]] = {}  # learner -> (until, "delay" | "drop")
     self._next_crash_time: dict[tuple[str, int], float] = {}  # ("slice" | "learner", index) -> time
     self._reports_in_transit = 0
+    self._crashed_slices: set[int] = set()
     self.eval_loss = float("nan")
     self._next_eval = run.eval_every * run.tokens_per_step
     self.xi_step, self.xi_quorum, self.xi_sync = (Ema(run.outer.ema_decay) for _ in range(3))
@@ -99,10 +100,7 @@ class Controller:
         learner.set_status(DONE, now)
         learner.close()
       self.pool.shutdown()
-      try:
-        jax.effects_barrier()  # collects the errors of crashed programs now, not at interpreter exit
-      except Exception:  # pylint: disable=broad-except
-        pass
+      self._settle_crashed_slices()
       self._evaluate(force=True)
       records = self.logger.records
     return self._result(records)
@@ -391,6 +389,7 @@ class Controller:
     self._record_fault("crash", m, why)
     logging.info("learner %d down at t=%.1f: %s", m, now, why)
     failed = learner.slice_index
+    self._crashed_slices.add(failed)
     repair = self.run.faults.repair_seconds if repair is None else repair
     self.clock.after(repair, Event("slice_repaired", payload=failed))
     learner.slice_index = -1
@@ -400,6 +399,16 @@ class Controller:
     else:
       self.waiting_for_slice.append(m)
     self._maybe_merge()
+
+  def _settle_crashed_slices(self) -> None:
+    """Runs one clean effectful program on every slice that crashed, so the failed program's error
+    token is replaced now rather than re-raised by JAX at interpreter exit."""
+    for s in sorted(self._crashed_slices):
+      mesh = devices_lib.slice_mesh(self.slices[s])
+      self.injector.disarm(0)
+      check = jax.jit(faults_lib.device_check(self.injector, 0, mesh))
+      jax.block_until_ready(check(jax.device_put(np.int32(-1), NamedSharding(mesh, P()))))
+    self._crashed_slices.clear()
 
   def _on_slice_repaired(self, event: Event) -> None:
     s = event.payload
