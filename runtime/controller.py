@@ -110,8 +110,9 @@ class Controller:
 
     A waiting learner always has something coming (Θ, or its report's timeout); a down one its repair.
     """
+    work_left = self.tokens_dispatched < self.run.token_budget  # else a repaired learner has nothing to do
     return (self.merge_state != "idle" or self._reports_in_transit > 0
-            or any(l.status in (TRAINING, WAITING, DOWN) for l in self.learners))
+            or any(l.status in (TRAINING, WAITING) or (l.status == DOWN and work_left) for l in self.learners))
 
   def _finished(self) -> bool:
     return not self._work_scheduled() and not self.pending
@@ -234,6 +235,10 @@ class Controller:
   def _write_off(self, tokens: int) -> None:
     """Tokens trained on but lost before reaching Θ go back into the budget (their data is served again)."""
     self.tokens_dispatched -= tokens
+    for learner in self.learners:
+      if tokens and learner.status == DONE:  # finished learners take the returned budget
+        learner.set_status(WAITING, self.clock.now())
+        self._start_main(learner)
 
   # Syncer side -------------------------------------------------------------------
 
@@ -403,7 +408,7 @@ class Controller:
   def _settle_crashed_slices(self) -> None:
     """Runs one clean effectful program on every slice that crashed, so the failed program's error
     token is replaced now rather than re-raised by JAX at interpreter exit."""
-    for s in sorted(self._crashed_slices):
+    for s in sorted(self._crashed_slices if self.injector else ()):
       mesh = devices_lib.slice_mesh(self.slices[s])
       self.injector.disarm(0)
       check = jax.jit(faults_lib.device_check(self.injector, 0, mesh))

@@ -74,6 +74,7 @@ def test_straggler_slows_only_itself_and_is_never_waited_for(four_learners):
 
 
 def test_crash_that_surfaces_at_dispatch_is_handled(four_learners, monkeypatch):
+  four_learners.faults.repair_seconds = 2.0
   controller = _controller(four_learners)
   learner = controller.learners[2]
   real_dispatch, calls = learner.dispatch, []

@@ -1,6 +1,6 @@
-"""Randomized soak in virtual time: hundreds of faults of every kind, several seeds, all invariants hold.
+"""Randomized soak in virtual time: over a hundred faults of every kind per seed, three seeds.
 
-Run with: python -m pytest -m slow tests/test_soak.py   (about 5 minutes on 2 cores)
+Run with: python -m pytest -m slow tests/test_soak.py   (several minutes per seed on 2 cores)
 """
 
 import jax
@@ -44,19 +44,19 @@ def test_soak_with_hundreds_of_faults_keeps_every_invariant(tiny_config, seed):
   c.slices = 6  # two spare slices
   c.inner_steps = 3
   c.overlap_steps = 1
-  c.total_steps = 240
+  c.total_steps = 120
   c.eval_every = 10_000
   c.clock.jitter = 0.2
   c.outer.quorum = 2
   c.faults.mtbi_chip_seconds = 25_600.0  # a 256-chip slice fails every ~100 s
   c.faults.repair_seconds = 20.0
   c.faults.report_timeout_seconds = 5.0
-  c.faults.schedule = _random_schedule(np.random.default_rng(seed), 4, horizon=400.0, count=200)
+  c.faults.schedule = _random_schedule(np.random.default_rng(seed), 4, horizon=200.0, count=120)
   run = train.prepare(c)
   result = Controller(run, Experiment(run), None, "soak").train()
 
   faults = [f for f in result.details["faults"] if f["fault"] in ("crash", "straggler", "corrupt", "link")]
-  assert len(faults) >= 150
+  assert len(faults) >= 100
   assert result.tokens == run.token_budget
   for m in range(4):
     ranges = sorted((a, b) for l, a, b in result.details["merged_ranges"] if l == m)
