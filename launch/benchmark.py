@@ -2,8 +2,9 @@
 
 dp_overhead: the launcher's DP loop vs a hand-written jitted loop (target >= 0.95).
 decoupled_vs_dp: real-clock Decoupled DiLoCo vs DP on the same devices and global batch (target >= 0.95).
-Each contender runs --repeats times, alternating; the median ratio is reported. About 1 minute for
-dp_overhead and 2-3 minutes for decoupled_vs_dp at the defaults on an otherwise idle 2-core host.
+Each contender runs --repeats times, alternating; the median ratio is reported. On the 2-core host at
+load ~6: about 1 minute for dp_overhead, 2.5 for decoupled_vs_dp (twice that at load 10+). Other
+processes move single ratios by +-15%: read the host load column before trusting one.
 """
 
 from absl import app, flags

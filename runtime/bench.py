@@ -113,23 +113,27 @@ def hand_dp_tokens_per_second(run: RunConfig, exp: Experiment, warmup: int, step
   state = jax.jit(lambda p: (p, tx.init(p)))(params)  # one program, so the optimizer state joins the mesh
   state_sh = jax.tree.map(lambda x: x.sharding, state)
 
-  def train_step(state: tuple, batch_BxT: jax.Array) -> tuple:
+  def train_step(state: tuple, batch_BxT: jax.Array) -> tuple[tuple, jax.Array]:
     params, opt_state = state
-    grads = jax.grad(lm.loss_fn)(params, run.model, batch_BxT)
+    loss, grads = jax.value_and_grad(lm.loss_fn)(params, run.model, batch_BxT)
     updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
+    return (optax.apply_updates(params, updates), opt_state), loss  # the loss is only a completion token
 
-  step = jax.jit(train_step, in_shardings=(state_sh, batch_sh), out_shardings=state_sh, donate_argnums=0)
+  step = jax.jit(train_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None), donate_argnums=0)
   stream = exp.shard(0, 1, run.data.batch_size)
   batches = [jax.device_put(next(stream), batch_sh) for _ in range(warmup + steps)]
   for batch in batches[:warmup]:
-    state = step(state, batch)
+    state, loss = step(state, batch)
   jax.block_until_ready(state)
   start = time.perf_counter()
+  pending = None
   for i, batch in enumerate(batches[warmup:]):
-    state = step(state, batch)
+    state, loss = step(state, batch)
+    if pending is not None:  # waits one step late, so the device always has the next step queued
+      pending.block_until_ready()
+      pending = None
     if i % _MAX_IN_FLIGHT == _MAX_IN_FLIGHT - 1:
-      jax.block_until_ready(state)
+      pending = loss
   jax.block_until_ready(state)
   return steps * run.tokens_per_step / (time.perf_counter() - start)
 
