@@ -27,13 +27,6 @@ class Event:
   payload: Any = None
 
 
-def _ready(work: Any) -> bool:
-  """True when a JAX result pytree or a concurrent future has finished (or failed)."""
-  if isinstance(work, concurrent.futures.Future):
-    return work.done()
-  return all(leaf.is_ready() for leaf in jax.tree.leaves(work) if isinstance(leaf, jax.Array))
-
-
 class _Timeline:
   """Events kept in time order; ties break in scheduling order."""
 
@@ -102,23 +95,31 @@ class VirtualClock:
     self._now = at
     return at, event
 
+  def close(self) -> None:
+    pass
+
 
 class RealClock:
   """Wall time: device programs and merges fire when they really finish."""
 
   virtual = False
-  _POLL_S = 0.0005
 
   def __init__(self, cfg: ClockConfig, num_learners: int, seed: int):
-    del num_learners, seed
+    del seed
     self.cfg = cfg
     self._start = time.perf_counter()
     self._timeline = _Timeline()
-    self._watching: list[tuple[int, Any, Event]] = []
+    self._watching: list[tuple[int, concurrent.futures.Future, Event]] = []
     self._seq = 0
+    # A thread per in-flight program waits for it (without the GIL), so the controller sleeps until
+    # something finishes instead of polling: polling took 10-15% of a core from the device threads.
+    self._waiters = concurrent.futures.ThreadPoolExecutor(2 * num_learners + 2, thread_name_prefix="clock")
 
   def now(self) -> float:
     return time.perf_counter() - self._start
+
+  def close(self) -> None:
+    self._waiters.shutdown(wait=False, cancel_futures=True)
 
   def set_slowdown(self, learner: int, factor: float) -> None:
     del learner, factor  # real hardware is as slow as it is
@@ -135,7 +136,10 @@ class RealClock:
     self._timeline.push(self.now() + max(delay, 0.0), event)
 
   def on_done(self, work: Any, modeled_seconds: float, event: Event) -> None:
+    """`event` fires when `work` (a JAX result pytree or a concurrent future) finishes or fails."""
     del modeled_seconds
+    if not isinstance(work, concurrent.futures.Future):
+      work = self._waiters.submit(jax.block_until_ready, work)
     self._watching.append((self._seq, work, event))
     self._seq += 1
 
@@ -152,12 +156,16 @@ class RealClock:
       if self._timeline.peek_time() <= now:
         return self._timeline.pop()
       for i, (_, work, event) in enumerate(self._watching):
-        if _ready(work):
+        if work.done():
           del self._watching[i]
           return now, event
       if not self._watching and not len(self._timeline):
         raise RuntimeError("next_event() with nothing scheduled")
-      time.sleep(min(self._POLL_S, max(self._timeline.peek_time() - now, 0.0)))
+      timeout = self._timeline.peek_time() - now if len(self._timeline) else None
+      if self._watching:
+        concurrent.futures.wait([w for _, w, _ in self._watching], timeout, concurrent.futures.FIRST_COMPLETED)
+      else:
+        time.sleep(timeout)
 
 
 def _filtered(timeline: _Timeline, predicate: Callable[[Event], bool]) -> _Timeline:

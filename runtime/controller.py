@@ -40,6 +40,10 @@ class Controller:
     host_mesh = devices_lib.slice_mesh([devices_lib.host_device()])
     self.host_mesh, self.host_sharding = host_mesh, NamedSharding(host_mesh, P())
     self.scheduled = faults_lib.parse_schedule(f.schedule, run.learners)
+    # Step-scheduled crashes fire once: a learner that rejoins retrains from its last report and
+    # passes the same step again.
+    self.step_crashes = [x for x in self.scheduled if x.kind == "crash" and x.step >= 0]
+    self._armed_step_crash: dict[int, faults_lib.Fault] = {}
     faulty = bool(self.scheduled) or f.mtbi_chip_seconds > 0
     self.injector = faults_lib.Injector(run.learners) if faulty else None
     tx = inner_optimizer(run.inner, run.total_steps)
@@ -69,6 +73,7 @@ class Controller:
     self._next_crash_time: dict[tuple[str, int], float] = {}  # ("slice" | "learner", index) -> time
     self._reports_in_transit = 0
     self._crashed_slices: set[int] = set()
+    self._repairing: set[int] = set()  # slices that failed and are not back yet
     self.eval_loss = float("nan")
     self._next_eval = run.eval_every * run.tokens_per_step
     self.xi_step, self.xi_quorum, self.xi_sync = (Ema(run.outer.ema_decay) for _ in range(3))
@@ -100,6 +105,7 @@ class Controller:
         learner.set_status(DONE, now)
         learner.close()
       self.pool.shutdown()
+      self.clock.close()
       self._settle_crashed_slices()
       self._evaluate(force=True)
       records = self.logger.records
@@ -148,12 +154,14 @@ class Controller:
     if self.injector is None:
       return None
     self.injector.disarm(learner.index)
+    self._armed_step_crash.pop(learner.index, None)
     first, now = learner.total_steps, self.clock.now()
-    by_step = [f for f in self.scheduled if f.kind == "crash" and f.learner == learner.index
-               and first <= f.step < first + steps]
+    by_step = [f for f in self.step_crashes if f.learner == learner.index and first <= f.step < first + steps]
     if not self.clock.virtual:
       if by_step:
-        self.injector.arm(learner.index, min(f.step for f in by_step))
+        fault = min(by_step, key=lambda f: f.step)
+        self._armed_step_crash[learner.index] = fault
+        self.injector.arm(learner.index, fault.step)
       return None
     at_time = min(self._next_crash_time.get(("learner", learner.index), float("inf")),
                   self._next_crash_time.get(("slice", learner.slice_index), float("inf")))
@@ -165,6 +173,7 @@ class Controller:
     crash_at, step, fault = min(candidates, key=lambda c: c[0])
     self.injector.arm(learner.index, step)
     if fault is not None:
+      self._armed_step_crash[learner.index] = fault
       self.clock.after(crash_at - now, Event("learner_crash", learner.index, fault))
     return crash_at
 
@@ -202,6 +211,7 @@ class Controller:
       self.clock.after(self.run.faults.report_timeout_seconds, Event("report_timeout", learner.index, report))
       return
     learner.reported_position, learner.reported_tokens = report.data_end, report.tokens
+    learner.reports_out += 1
     if now < until:
       delay += until - now
     self._reports_in_transit += 1
@@ -308,6 +318,7 @@ class Controller:
     quarantined = dict(result.quarantined)
     for report in reports:
       learner = self.learners[report.learner]
+      learner.reports_out -= 1
       if report.learner in quarantined:
         self._record_fault("quarantine", report.learner, quarantined[report.learner])
         self._write_off(report.tokens)
@@ -323,6 +334,9 @@ class Controller:
       self.bytes_down += self.param_bytes
       self.clock.after(transfer, Event("params_arrived", report.learner, delivery))
     self.tokens_merged += result.tokens
+    for learner in self.learners:
+      if learner.rejoin_slice is not None and not learner.reports_out:
+        self._rejoin(learner, learner.rejoin_slice)
     self._log_merge(result, reports, now)
     self._evaluate()
     self._maybe_merge()
@@ -359,8 +373,13 @@ class Controller:
     if owner is not None:
       self._crash(owner, "slice interrupted", repair=self.run.faults.repair_seconds)
     else:
+      holder = next((l for l in self.learners if l.rejoin_slice == s), None)
+      if holder is not None:  # held for a rejoin that had not happened yet: wait for the next slice
+        holder.rejoin_slice = None
+        self.waiting_for_slice.insert(0, holder.index)
       if s in self.spares:
         self.spares.remove(s)
+      self._repairing.add(s)
       self.clock.after(self.run.faults.repair_seconds, Event("slice_repaired", payload=s))
 
   def _on_learner_crash(self, event: Event) -> None:
@@ -382,6 +401,9 @@ class Controller:
     elif learner.failure:
       why += f", {learner.failure}"
     learner.failure = ""
+    fired = self._armed_step_crash.pop(m, None)
+    if fired is not None and fired in self.step_crashes:
+      self.step_crashes.remove(fired)
     lost = learner.drop_inflight()
     self._write_off(lost + learner.tokens - learner.reported_tokens)
     if not learner.reported_tokens:
@@ -396,6 +418,7 @@ class Controller:
     failed = learner.slice_index
     self._crashed_slices.add(failed)
     repair = self.run.faults.repair_seconds if repair is None else repair
+    self._repairing.add(failed)
     self.clock.after(repair, Event("slice_repaired", payload=failed))
     learner.slice_index = -1
     if self.spares:
@@ -417,6 +440,7 @@ class Controller:
 
   def _on_slice_repaired(self, event: Event) -> None:
     s = event.payload
+    self._repairing.discard(s)
     self._schedule_slice_crash(s)
     if self.waiting_for_slice:
       self._rejoin(self.learners[self.waiting_for_slice.pop(0)], s)
@@ -427,7 +451,19 @@ class Controller:
     self._rejoin(self.learners[event.learner], event.payload)
 
   def _rejoin(self, learner: Learner, slice_index: int) -> None:
-    """The learner comes back on a healthy slice: current Θ, fresh inner state, data after its last report."""
+    """The learner comes back on a healthy slice: current Θ, fresh inner state, data after its last report.
+
+    While a report it sent before failing is still on its way, the rejoin waits for that report's
+    merge: if the syncer quarantines it, its data must be served again, so where the shard resumes
+    is only known then.
+    """
+    if slice_index in self._repairing:  # the spare failed during the swap: wait for the next slice
+      learner.rejoin_slice = None
+      self.waiting_for_slice.insert(0, learner.index)
+      return
+    learner.rejoin_slice = slice_index if learner.reports_out else None
+    if learner.rejoin_slice is not None:
+      return
     if slice_index != learner.slice_index:
       learner.move_to(slice_index, self.slices[slice_index])
     learner.rewind(learner.reported_position)

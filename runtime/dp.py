@@ -1,6 +1,7 @@
 """Synchronous data-parallel baseline: one jitted train step over a mesh of all devices."""
 
 import os
+from typing import Callable
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -33,17 +34,19 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
   clock = (lambda step: step * step_s) if run.clock.kind == "virtual" else (lambda step: wall())
   eval_loss = float("nan")
   with make_logger(run, workdir, name) as logger, stream:
-    pending = None  # (step, metrics) pulled one step late so dispatch never waits on the host
+    # The host waits for step t-1 after dispatching step t: the device never idles, and at most two
+    # steps are in flight (a deep queue of multi-device programs can stall XLA:CPU's rendezvous).
+    pending = None
     for step in range(1, run.total_steps + 1):
       state, metrics = step_fn(state, next(stream))
       if pending is not None:
-        _log_train(logger, run, *pending, clock(pending[0]), wall())
-      pending = (step, metrics) if step % run.log_every == 0 or step == run.total_steps else None
+        _finish_step(logger, run, *pending, clock, wall)
+      pending = (step, metrics)
       if step % run.eval_every == 0 or step == run.total_steps:
         eval_loss = exp.evaluate(state.params, mesh)
         logger.log("eval", dict(step=step, tokens=step * run.tokens_per_step, time=clock(step), eval_loss=eval_loss))
     if pending is not None:
-      _log_train(logger, run, *pending, clock(pending[0]), wall())
+      _finish_step(logger, run, *pending, clock, wall)
     wall_s = wall()
     records = logger.records
   tokens = run.total_steps * run.tokens_per_step
@@ -53,7 +56,12 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
                    params=jax.device_get(state.params))
 
 
-def _log_train(logger, run: RunConfig, step: int, metrics: dict, now: float, wall: float) -> None:
+def _finish_step(logger, run: RunConfig, step: int, metrics: dict, clock: Callable[[int], float],
+                 wall: Callable[[], float]) -> None:
+  """Waits for `step`; logs it when due, with times read after the wait (its completion)."""
+  if step % run.log_every and step != run.total_steps:
+    jax.block_until_ready(metrics)
+    return
   m = host(metrics)
-  logger.log("train", dict(step=step, tokens=step * run.tokens_per_step, time=now, wall=wall,
+  logger.log("train", dict(step=step, tokens=step * run.tokens_per_step, time=clock(step), wall=wall(),
                            loss=float(m["loss"]), grad_norm=float(m["grad_norm"])))

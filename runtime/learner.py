@@ -74,6 +74,8 @@ class Learner:
     self.last_loss = float("nan")
     self.cycle_start: dict = self.prefetcher.state()  # data position when Θ was last received
     self.reported_position: dict = self.cycle_start  # data position at the end of the last report
+    self.reports_out = 0  # reports sent and not yet merged or quarantined
+    self.rejoin_slice: int | None = None  # repaired slice held for a rejoin that awaits reports_out
     self.failure = ""  # the device error of a program that failed at dispatch, until its crash takes effect
     self.corrupt_next = ""  # fault injection: corrupt the next report ("nan", "inf", "huge")
     self.completions: list[tuple[float, int]] = []  # (time, inner steps) of every finished segment
@@ -189,8 +191,12 @@ def _copy_to(tree: PyTree, sharding: jax.sharding.Sharding) -> PyTree:
 
   The learner donates its buffers to each round and the syncer keeps Θ's history, so neither may
   alias the other; device_put between overlapping CPU device sets reuses the shared device's buffer
-  even with may_alias=False, hence the copy on the source side first.
+  even with may_alias=False, hence a copy program. It runs on the host's single device: XLA:CPU runs
+  one multi-device program at a time, so a copy on the learner's slice would queue behind every round
+  dispatched before it, and the learner's report with it.
   """
+  if len(jax.tree.leaves(sharding)[0].device_set) == 1:
+    return _fresh_copy(jax.device_put(tree, sharding))
   return jax.device_put(_fresh_copy(tree), sharding)
 
 

@@ -107,6 +107,19 @@ def test_corrupt_report_is_quarantined_and_never_reaches_theta(four_learners, ho
   _assert_no_token_skipped_or_repeated(result, budget)
 
 
+def test_report_quarantined_after_its_learner_crashed_is_trained_again(four_learners):
+  """Found by the soak: a corrupt report still in transit when its learner crashes and comes back."""
+  budget = train.prepare(four_learners).token_budget
+  schedule = ("corrupt:learner=1,time=1,how=nan;link:learner=1,time=3,duration=8,mode=delay;"
+              "crash:learner=1,time=5,repair=1")
+  result = _faulty(four_learners, schedule)
+  quarantine, = _faults(result, "quarantine")
+  rejoin, = _faults(result, "rejoin")
+  assert quarantine["time"] == pytest.approx(11.0, abs=0.01)
+  assert rejoin["time"] == pytest.approx(11.0, abs=0.01)  # the slice was back at 6; the rejoin awaited the verdict
+  _assert_no_token_skipped_or_repeated(result, budget)
+
+
 @pytest.mark.parametrize("mode", ["delay", "drop"])
 def test_link_loss_delays_or_loses_reports_without_losing_tokens(four_learners, mode):
   budget = train.prepare(four_learners).token_budget
