@@ -30,7 +30,7 @@ from runtime.train import prepare, train_one
 BENCHMARKS = ("dp_overhead", "decoupled_vs_dp")
 TARGET = 0.95  # each ratio should reach this
 # Steps the hand loop lets queue up: with 40 queued 8-device programs, XLA:CPU's all-reduce rendezvous
-# deadlocked here (queued launches hold the client's threads); the launcher queues at most log_every + 1.
+# deadlocked here (queued launches hold the client's threads); the launcher keeps at most two in flight.
 _MAX_IN_FLIGHT = 10
 
 

@@ -1,0 +1,36 @@
+"""Benchmark rate arithmetic on synthetic run records (no JAX programs)."""
+
+import pytest
+
+from runtime import bench
+from runtime.errors import ConfigError
+
+
+def _train(step, tokens, wall):
+  return dict(kind="train", step=step, tokens=tokens, wall=wall)
+
+
+def test_dp_rate_skips_warmup_and_the_record_logged_after_the_final_eval():
+  records = [_train(1, 100, 50.0), _train(2, 200, 51.0), _train(3, 300, 52.0), _train(4, 400, 53.0),
+             dict(kind="eval", step=4), _train(5, 500, 99.0)]
+  assert bench.dp_tokens_per_second(records, skip_steps=2) == pytest.approx(200 / 2.0)
+  with pytest.raises(ValueError, match="dp_steps"):
+    bench.dp_tokens_per_second(records, skip_steps=4)
+
+
+def test_diloco_rate_spans_whole_rounds_of_the_last_learner_to_warm_up():
+  merges = [([0], 10, 1.0), ([1], 20, 2.0), ([0], 30, 3.0), ([1], 40, 4.0), ([0], 50, 5.0), ([1], 60, 6.0),
+            ([0], 70, 7.0), ([1], 80, 9.0), ([0], 90, 20.0)]
+  records = [dict(kind="merge", merged=m, tokens=t, wall=w) for m, t, w in merges]
+  # Learner 1 warms up (2 merges) at index 3 and learner 1's last merge before the drain (index 7)
+  # closes the window: 40 tokens in 5 s.
+  assert bench.diloco_tokens_per_second(records, skip_rounds=2) == pytest.approx(40 / 5.0)
+  with pytest.raises(ValueError, match="diloco_steps"):
+    bench.diloco_tokens_per_second(records, skip_rounds=6)
+
+
+def test_bench_config_names_the_bad_field():
+  with pytest.raises(ConfigError, match="which"):
+    bench.BenchConfig(which="everything")
+  with pytest.raises(ConfigError, match="dp_steps"):
+    bench.BenchConfig(dp_steps=5, skip_steps=10)
