@@ -6,6 +6,7 @@ tokens, merged per tensor (RDA or mean), and applied as one outer step.
 
 import dataclasses
 from typing import Any, Sequence
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -113,8 +114,11 @@ class Syncer:
       weights = np.ones(len(kept))
     # A merge of n of M learners is n/M of a synchronous outer step (outer.scale == "fraction").
     scale = len(kept) / self.num_learners if self.cfg.scale == "fraction" else 1.0
-    params, opt_state, update_norm = self._step(self.params, self.opt_state, [deltas[i] for i in keep],
-                                                jnp.asarray(weights, jnp.float32), jnp.float32(scale))
+    with warnings.catch_warnings():
+      # Θ and the momentum can reuse two of the donated deltas; the others are freed early, unused.
+      warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+      params, opt_state, update_norm = self._step(self.params, self.opt_state, [deltas[i] for i in keep],
+                                                  jnp.asarray(weights, jnp.float32), jnp.float32(scale))
     return MergeResult(
         version=version, params=params, opt_state=opt_state, merged=tuple(r.learner for r in kept),
         quarantined=tuple(quarantined), weights=tuple(float(w) for w in weights),
