@@ -2,6 +2,8 @@
 
 dp_overhead: the launcher's DP loop vs a hand-written jitted loop (target >= 0.95).
 decoupled_vs_dp: real-clock Decoupled DiLoCo vs DP on the same devices and global batch (target >= 0.95).
+slice_ceiling: one learner's share of devices and batch vs all of them, both hand-written loops: what
+  the simulation allows when learners' programs take turns (a reference, no target).
 Each contender runs --repeats times, alternating; the median ratio is reported. On the 2-core host at
 load ~6: about 1 minute for dp_overhead, 2.5 for decoupled_vs_dp (twice that at load 10+). Other
 processes move single ratios by +-15%: read the host load column before trusting one.
