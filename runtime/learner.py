@@ -191,9 +191,9 @@ def _copy_to(tree: PyTree, sharding: jax.sharding.Sharding) -> PyTree:
 
   The learner donates its buffers to each round and the syncer keeps Θ's history, so neither may
   alias the other; device_put between overlapping CPU device sets reuses the shared device's buffer
-  even with may_alias=False, hence a copy program. It runs on the host's single device: XLA:CPU runs
-  one multi-device program at a time, so a copy on the learner's slice would queue behind every round
-  dispatched before it, and the learner's report with it.
+  even with may_alias=False, hence a copy program. Copies to the host run on the host's single device:
+  a copy on the learner's slice queued behind the rounds dispatched before it (XLA:CPU appeared to run
+  one multi-device program at a time), and the learner's report with it.
   """
   if len(jax.tree.leaves(sharding)[0].device_set) == 1:
     return _fresh_copy(jax.device_put(tree, sharding))
