@@ -2,7 +2,7 @@
 
 import pytest
 
-from configs import chaos, default, diloco_sync, dp, smoke
+from configs import chaos, default, diloco_sync, dp, quality, smoke
 from runtime.config import from_config_dict
 from runtime.errors import ConfigError
 
@@ -45,7 +45,7 @@ def test_unknown_field_lists_the_known_ones():
     from_config_dict(config)
 
 
-@pytest.mark.parametrize("module", [default, smoke, dp, diloco_sync, chaos])
+@pytest.mark.parametrize("module", [default, smoke, dp, diloco_sync, chaos, quality])
 def test_every_shipped_training_config_validates(module):
   from_config_dict(module.get_config())
 
