@@ -75,6 +75,7 @@ class Controller:
     self._crashed_slices: set[int] = set()
     self._repairing: set[int] = set()  # slices that failed and are not back yet
     self.eval_loss = float("nan")
+    self._evaluated_version = -1
     self._next_eval = run.eval_every * run.tokens_per_step
     self.xi_step, self.xi_quorum, self.xi_sync = (Ema(run.outer.ema_decay) for _ in range(3))
     self._handlers: dict[str, Callable[[Event], None]] = {
@@ -509,7 +510,11 @@ class Controller:
     self.merge_times.append(now)
 
   def _evaluate(self, force: bool = False) -> None:
+    """Evaluates Θ when the merged tokens pass the next eval point, or now if forced (once per version)."""
+    if force and self._evaluated_version == self.syncer.version:
+      return
     if force or self.tokens_merged >= self._next_eval:
+      self._evaluated_version = self.syncer.version
       while self._next_eval <= self.tokens_merged:
         self._next_eval += self.run.eval_every * self.run.tokens_per_step
       self.eval_loss = self.exp.evaluate(self.syncer.params, self.host_mesh)
