@@ -109,8 +109,7 @@ class RealClock:
     self.cfg = cfg
     self._start = time.perf_counter()
     self._timeline = _Timeline()
-    self._watching: list[tuple[int, concurrent.futures.Future, Event]] = []
-    self._seq = 0
+    self._watching: list[tuple[concurrent.futures.Future, Event]] = []  # in the order they were watched
     # A thread per in-flight program waits for it (without the GIL), so the controller sleeps until
     # something finishes instead of polling: polling took 10-15% of a core from the device threads.
     self._waiters = concurrent.futures.ThreadPoolExecutor(2 * num_learners + 2, thread_name_prefix="clock")
@@ -140,12 +139,11 @@ class RealClock:
     del modeled_seconds
     if not isinstance(work, concurrent.futures.Future):
       work = self._waiters.submit(jax.block_until_ready, work)
-    self._watching.append((self._seq, work, event))
-    self._seq += 1
+    self._watching.append((work, event))
 
   def cancel(self, predicate: Callable[[Event], bool]) -> None:
     self._timeline = _filtered(self._timeline, predicate)
-    self._watching = [w for w in self._watching if not predicate(w[2])]
+    self._watching = [w for w in self._watching if not predicate(w[1])]
 
   def pending(self) -> int:
     return len(self._timeline) + len(self._watching)
@@ -155,7 +153,7 @@ class RealClock:
       now = self.now()
       if self._timeline.peek_time() <= now:
         return self._timeline.pop()
-      for i, (_, work, event) in enumerate(self._watching):
+      for i, (work, event) in enumerate(self._watching):
         if work.done():
           del self._watching[i]
           return now, event
@@ -163,7 +161,7 @@ class RealClock:
         raise RuntimeError("next_event() with nothing scheduled")
       timeout = self._timeline.peek_time() - now if len(self._timeline) else None
       if self._watching:
-        concurrent.futures.wait([w for _, w, _ in self._watching], timeout, concurrent.futures.FIRST_COMPLETED)
+        concurrent.futures.wait([w for w, _ in self._watching], timeout, concurrent.futures.FIRST_COMPLETED)
       else:
         time.sleep(timeout)
 

@@ -6,14 +6,16 @@ from typing import Any, Sequence
 import ml_collections
 
 from models.transformer import ModelConfig
+from runtime.data import SHARD_LAYOUTS
 from runtime.errors import ConfigError
+from runtime.merge import MERGE_METHODS
 
 MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
 CLOCKS = ("virtual", "real")
-MERGE_METHODS = ("rda", "mean")
 GRACE_KINDS = ("none", "adaptive", "fixed")
 RECEIVE_MODES = ("overwrite", "mix")
 OUTER_GRAD_BASES = ("current", "base")
+OUTER_SCALES = ("fraction", "none")
 POSITIONS = ("rotary", "learned")
 DTYPES = ("float32", "bfloat16")
 
@@ -220,8 +222,7 @@ def validate(run: RunConfig) -> None:
   _check(0.0 < d.eval_fraction < 1.0, "data.eval_fraction", d.eval_fraction, "a float in (0, 1)")
   _check(d.max_bytes is None or d.max_bytes > 0, "data.max_bytes", d.max_bytes, "None or a positive integer")
   _check(d.prefetch >= 1, "data.prefetch", d.prefetch, "an integer >= 1")
-  _check(d.shard_layout in ("strided", "contiguous"), "data.shard_layout", d.shard_layout,
-         "one of ('strided', 'contiguous')")
+  _check(d.shard_layout in SHARD_LAYOUTS, "data.shard_layout", d.shard_layout, f"one of {SHARD_LAYOUTS}")
   groups = run.learners if run.mode in ("decoupled", "diloco_sync", "dp_elastic", "dp_restart") else 1
   per_slice = run.num_devices // max(run.num_slices, 1)
   _check(d.batch_size >= 1 and d.batch_size % groups == 0, "data.batch_size", d.batch_size,
@@ -246,7 +247,7 @@ def validate(run: RunConfig) -> None:
   _check(o.merge in MERGE_METHODS, "outer.merge", o.merge, f"one of {MERGE_METHODS}")
   _check(o.outer_grad_base in OUTER_GRAD_BASES, "outer.outer_grad_base", o.outer_grad_base,
          f"one of {OUTER_GRAD_BASES}")
-  _check(o.scale in ("fraction", "none"), "outer.scale", o.scale, "one of ('fraction', 'none')")
+  _check(o.scale in OUTER_SCALES, "outer.scale", o.scale, f"one of {OUTER_SCALES}")
   _check(o.grace in GRACE_KINDS, "outer.grace", o.grace, f"one of {GRACE_KINDS}")
   _check(0 <= o.grace_gamma <= 1, "outer.grace_gamma", o.grace_gamma, "a float in [0, 1]")
   _check(o.grace_seconds >= 0, "outer.grace_seconds", o.grace_seconds, "a float >= 0")

@@ -403,7 +403,7 @@ class Controller:
       why += f", {learner.failure}"
     learner.failure = ""
     fired = self._armed_step_crash.pop(m, None)
-    if fired is not None and fired in self.step_crashes:
+    if fired is not None:
       self.step_crashes.remove(fired)
     lost = learner.drop_inflight()
     self._write_off(lost + learner.tokens - learner.reported_tokens)
