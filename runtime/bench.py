@@ -1,9 +1,12 @@
 """Steady-state throughput benchmarks: launcher DP vs a hand-written loop, and Decoupled DiLoCo vs DP.
 
-Each benchmark alternates its two contenders in one process (the order flips every repeat, so drift in
-the shared machine's load hits both alike) and reports every repeat and the median ratio. Compilation
-and evaluation are excluded from both sides: DP is timed from its training records after the first
-steps, Decoupled DiLoCo from its merge records after every learner's first rounds.
+Each benchmark alternates its contenders in one process (the order flips every repeat, so drift in the
+shared machine's load hits all alike) and reports every repeat and median ratios. Compilation and
+evaluation are excluded: DP is timed from its training records after the first steps, Decoupled DiLoCo
+from its merge records after every learner's first rounds, hand-written loops after untimed warm-up.
+decoupled_vs_dp also runs the learners' own round programs by hand, one loop per slice with no syncer:
+the rate the controller could at best reach on this machine, which splits the gap to DP into the cost
+of the runtime and the cost of running M smaller programs instead of one.
 """
 
 import collections
@@ -15,6 +18,7 @@ from typing import Callable
 
 import jax
 import ml_collections
+import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -26,8 +30,9 @@ from runtime.experiment import Experiment
 from runtime.optim import inner_optimizer
 from runtime.report import summary_table
 from runtime.train import prepare, train_one
+from runtime.train_step import TrainState, init_state, make_round
 
-BENCHMARKS = ("dp_overhead", "decoupled_vs_dp", "slice_ceiling")
+BENCHMARKS = ("dp_overhead", "decoupled_vs_dp")
 TARGET = 0.95  # each ratio should reach this
 # Steps the hand loop lets queue up: with 40 queued 8-device programs, XLA:CPU's all-reduce rendezvous
 # deadlocked here (queued launches hold the client's threads); the launcher keeps at most two in flight.
@@ -45,11 +50,12 @@ class BenchConfig:
   hand_steps: int = 40  # hand-loop steps timed after the untimed ones
   diloco_steps: int = 180  # DiLoCo token budget in global-batch steps (M=4, H=30: 6 rounds per learner)
   skip_rounds: int = 2  # each learner's first rounds not timed (compilation, first merges' compilation)
+  hand_rounds: int = 4  # rounds per learner timed in the hand-written learner loops (after one untimed)
 
   def __post_init__(self) -> None:
     if self.which not in (*BENCHMARKS, "all"):
       raise ConfigError("which", self.which, f"one of {(*BENCHMARKS, 'all')}")
-    for name in ("repeats", "hand_steps", "skip_rounds"):
+    for name in ("repeats", "hand_steps", "skip_rounds", "hand_rounds"):
       if getattr(self, name) < 1:
         raise ConfigError(name, getattr(self, name), "an integer >= 1")
     if self.skip_steps < 1 or self.dp_steps <= self.skip_steps:
@@ -103,21 +109,25 @@ def diloco_tokens_per_second(records: list[dict], skip_rounds: int) -> float:
 # Contenders ------------------------------------------------------------------------------------
 
 
+def _replica(run: RunConfig, mesh: jax.sharding.Mesh, tx: optax.GradientTransformation) -> TrainState:
+  """Fresh parameters and inner optimizer state on `mesh`, laid out as the runtime lays them out."""
+  params = jax.jit(lm.init_params, static_argnums=0, out_shardings=lm.param_shardings(run.model, mesh, run.fsdp))(
+      run.model, jax.random.key(run.seed))
+  return jax.jit(lambda p: init_state(p, tx))(params)  # one program, so the optimizer state joins the mesh
+
+
 def hand_dp_tokens_per_second(run: RunConfig, exp: Experiment, warmup: int, steps: int) -> float:
   """A minimal jitted DP loop on the launcher's mesh, model, optimizer and batches; no metrics."""
   mesh = devices_lib.slice_mesh(devices_lib.controller_devices(run.num_devices))
   tx = inner_optimizer(run.inner, run.total_steps)
   batch_sh = NamedSharding(mesh, P("data"))
-  params = jax.jit(lm.init_params, static_argnums=0, out_shardings=lm.param_shardings(run.model, mesh, run.fsdp))(
-      run.model, jax.random.key(run.seed))
-  state = jax.jit(lambda p: (p, tx.init(p)))(params)  # one program, so the optimizer state joins the mesh
+  state = _replica(run, mesh, tx)
   state_sh = jax.tree.map(lambda x: x.sharding, state)
 
-  def train_step(state: tuple, batch_BxT: jax.Array) -> tuple[tuple, jax.Array]:
-    params, opt_state = state
-    loss, grads = jax.value_and_grad(lm.loss_fn)(params, run.model, batch_BxT)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), loss  # the loss is only a completion token
+  def train_step(state: TrainState, batch_BxT: jax.Array) -> tuple[TrainState, jax.Array]:
+    loss, grads = jax.value_and_grad(lm.loss_fn)(state.params, run.model, batch_BxT)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state), loss
 
   step = jax.jit(train_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None), donate_argnums=0)
   stream = exp.shard(0, 1, run.data.batch_size)
@@ -128,7 +138,7 @@ def hand_dp_tokens_per_second(run: RunConfig, exp: Experiment, warmup: int, step
   start = time.perf_counter()
   pending = None
   for i, batch in enumerate(batches[warmup:]):
-    state, loss = step(state, batch)
+    state, loss = step(state, batch)  # the loss is only a completion token
     if pending is not None:  # waits one step late, so the device always has the next step queued
       pending.block_until_ready()
       pending = None
@@ -136,6 +146,39 @@ def hand_dp_tokens_per_second(run: RunConfig, exp: Experiment, warmup: int, step
       pending = loss
   jax.block_until_ready(state)
   return steps * run.tokens_per_step / (time.perf_counter() - start)
+
+
+def hand_learners_tokens_per_second(run: RunConfig, exp: Experiment, rounds: int) -> float:
+  """The learners' round programs run by hand: one loop per slice, no syncer, reports or controller.
+
+  Each learner runs the runtime's round program (H inner steps, one dispatch) on its own slice, shard
+  and per-learner batch, with two rounds in flight so a slice never waits on the host. One untimed
+  round per learner compiles; `rounds` more per learner are timed.
+  """
+  m = run.learners
+  slices = devices_lib.make_slices(devices_lib.controller_devices(run.num_devices), run.num_slices)[:m]
+  tx = inner_optimizer(run.inner, run.total_steps)
+  round_fn = jax.jit(make_round(run.model, tx), donate_argnums=0)
+  states, batches = [], []
+  for i, devices in enumerate(slices):
+    mesh = devices_lib.slice_mesh(devices)
+    stream = exp.shard(i, m, run.data.batch_size // m)
+    rounds_RxHxBxT = [np.stack([next(stream) for _ in range(run.inner_steps)]) for _ in range(1 + rounds)]
+    batches.append([jax.device_put(b, NamedSharding(mesh, P(None, "data"))) for b in rounds_RxHxBxT])
+    states.append(_replica(run, mesh, tx))
+  for i in range(m):
+    states[i], _ = round_fn(states[i], batches[i][0])
+  jax.block_until_ready(states)
+  start = time.perf_counter()
+  in_flight: list[list] = [[] for _ in range(m)]
+  for r in range(1, 1 + rounds):
+    for i in range(m):
+      if len(in_flight[i]) == 2:
+        in_flight[i].pop(0).block_until_ready()
+      states[i], metrics = round_fn(states[i], batches[i][r])
+      in_flight[i].append(metrics["loss"])
+  jax.block_until_ready(states)
+  return rounds * run.inner_steps * run.tokens_per_step / (time.perf_counter() - start)  # M learners, B/M each
 
 
 def launcher_dp_tokens_per_second(run: RunConfig, exp: Experiment, skip_steps: int) -> float:
@@ -207,6 +250,7 @@ def run(config: ml_collections.ConfigDict, bench: BenchConfig) -> dict[str, floa
         clock=dataclasses.replace(base.clock, kind="real")), "decoupled")
     rows = alternate({
         "decoupled": lambda: decoupled_tokens_per_second(decoupled, exp, bench.skip_rounds),
+        "learners": lambda: hand_learners_tokens_per_second(decoupled, exp, bench.hand_rounds),
         "dp": lambda: launcher_dp_tokens_per_second(dp, exp, bench.skip_steps),
     }, bench.repeats)
     title = (f"decoupled_vs_dp: real-clock Decoupled DiLoCo (M={decoupled.learners}, K={decoupled.outer.quorum}, "
@@ -215,19 +259,17 @@ def run(config: ml_collections.ConfigDict, bench: BenchConfig) -> dict[str, floa
              f"{decoupled.num_devices} devices, global batch {decoupled.data.batch_size}")
     text, medians["decoupled_vs_dp"] = format_result(title, rows, "decoupled", "dp")
     print(text, flush=True)
-  if bench.which in ("slice_ceiling", "all"):
-    # A reference for decoupled_vs_dp: XLA:CPU mostly runs one multi-device program at a time, so M
-    # learners' programs largely take turns, each doing 1/M of DP's work per step on 1/M of the devices.
-    m = base.learners
-    share = dataclasses.replace(dp, num_devices=dp.num_devices // m,
-                                data=dataclasses.replace(dp.data, batch_size=dp.data.batch_size // m))
-    rows = alternate({
-        "slice": lambda: hand_dp_tokens_per_second(share, exp, bench.skip_steps, bench.hand_steps * m),
-        "dp": lambda: hand_dp_tokens_per_second(dp, exp, bench.skip_steps, bench.hand_steps),
-    }, bench.repeats)
-    title = (f"slice_ceiling: a hand-written jitted loop on one learner's share ({share.num_devices} devices, "
-             f"batch {share.data.batch_size}, {bench.hand_steps * m} steps) vs on all {dp.num_devices} devices "
-             f"(batch {dp.data.batch_size}, {bench.hand_steps} steps): the rate of 1/M-size programs")
-    text, medians["slice_ceiling"] = format_result(title, rows, "slice", "dp", target=None)
-    print(text, flush=True)
+    # The same repeats, split: what the learners' programs alone reach, and the runtime's share of that.
+    per_slice = decoupled.num_devices // decoupled.num_slices
+    titles = {
+        "learners_vs_dp": (f"learners_vs_dp: the learners' round programs by hand ({decoupled.learners} loops, one per "
+                           f"{per_slice}-device slice, batch {decoupled.data.batch_size // decoupled.learners} each, "
+                           f"{bench.hand_rounds} rounds of {decoupled.inner_steps} steps timed, no syncer) vs DP: "
+                           "what these devices allow M learners"),
+        "decoupled_vs_learners": "decoupled_vs_learners: the runtime's share of what its learners' programs allow",
+    }
+    for name, numerator, denominator in (("learners_vs_dp", "learners", "dp"),
+                                         ("decoupled_vs_learners", "decoupled", "learners")):
+      text, medians[name] = format_result(titles[name], rows, numerator, denominator, target=None)
+      print(text, flush=True)
   return medians

@@ -34,3 +34,5 @@ def test_bench_config_names_the_bad_field():
     bench.BenchConfig(which="everything")
   with pytest.raises(ConfigError, match="dp_steps"):
     bench.BenchConfig(dp_steps=5, skip_steps=10)
+  with pytest.raises(ConfigError, match="hand_rounds"):
+    bench.BenchConfig(hand_rounds=0)
