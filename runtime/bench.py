@@ -170,11 +170,11 @@ def hand_learners_tokens_per_second(run: RunConfig, exp: Experiment, rounds: int
     states[i], _ = round_fn(states[i], batches[i][0])
   jax.block_until_ready(states)
   start = time.perf_counter()
-  in_flight: list[list] = [[] for _ in range(m)]
+  in_flight = [collections.deque() for _ in range(m)]  # each learner's unfinished rounds (their losses)
   for r in range(1, 1 + rounds):
     for i in range(m):
       if len(in_flight[i]) == 2:
-        in_flight[i].pop(0).block_until_ready()
+        in_flight[i].popleft().block_until_ready()
       states[i], metrics = round_fn(states[i], batches[i][r])
       in_flight[i].append(metrics["loss"])
   jax.block_until_ready(states)
@@ -260,16 +260,13 @@ def run(config: ml_collections.ConfigDict, bench: BenchConfig) -> dict[str, floa
     text, medians["decoupled_vs_dp"] = format_result(title, rows, "decoupled", "dp")
     print(text, flush=True)
     # The same repeats, split: what the learners' programs alone reach, and the runtime's share of that.
-    per_slice = decoupled.num_devices // decoupled.num_slices
-    titles = {
-        "learners_vs_dp": (f"learners_vs_dp: the learners' round programs by hand ({decoupled.learners} loops, one per "
-                           f"{per_slice}-device slice, batch {decoupled.data.batch_size // decoupled.learners} each, "
-                           f"{bench.hand_rounds} rounds of {decoupled.inner_steps} steps timed, no syncer) vs DP: "
-                           "what these devices allow M learners"),
-        "decoupled_vs_learners": "decoupled_vs_learners: the runtime's share of what its learners' programs allow",
-    }
-    for name, numerator, denominator in (("learners_vs_dp", "learners", "dp"),
-                                         ("decoupled_vs_learners", "decoupled", "learners")):
-      text, medians[name] = format_result(titles[name], rows, numerator, denominator, target=None)
-      print(text, flush=True)
+    title = (f"learners_vs_dp: the learners' round programs by hand ({decoupled.learners} loops, one per "
+             f"{decoupled.num_devices // decoupled.num_slices}-device slice, batch "
+             f"{decoupled.data.batch_size // decoupled.learners} each, {bench.hand_rounds} rounds of "
+             f"{decoupled.inner_steps} steps timed, no syncer) vs DP: what these devices allow M learners")
+    text, medians["learners_vs_dp"] = format_result(title, rows, "learners", "dp", target=None)
+    print(text, flush=True)
+    title = "decoupled_vs_learners: the runtime's share of what its learners' programs allow"
+    text, medians["decoupled_vs_learners"] = format_result(title, rows, "decoupled", "learners", target=None)
+    print(text, flush=True)
   return medians
