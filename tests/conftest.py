@@ -38,3 +38,8 @@ def tiny_config():
   config.tensorboard = False
   config.compile_cache = _CACHE
   return config
+
+
+def pytest_addoption(parser):
+  parser.addoption("--record-golden", action="store_true",
+                   help="re-record tests/golden/ from this code (see tests/test_bit_identity.py)")

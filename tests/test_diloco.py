@@ -3,6 +3,8 @@
 import jax
 import numpy as np
 import optax
+import pytest
+from invariants import assert_ranges_tile
 
 from models import lm
 from runtime import train
@@ -108,3 +110,17 @@ def test_grace_window_merges_more_learners_without_lowering_busy_fraction(tiny_c
   grace = _run(tiny_config)
   assert grace.extras["learners_per_merge"] > no_grace.extras["learners_per_merge"] + 0.5
   assert grace.extras["busy_min"] >= no_grace.extras["busy_min"] - 0.01
+  for result in (no_grace, grace):  # overlap steps overwritten by Θ have their data served again
+    assert_ranges_tile(result, learners=range(4))
+    assert result.tokens == train.prepare(tiny_config).token_budget
+
+
+def test_merge_starts_as_soon_as_the_quorum_has_reported(tiny_config):
+  tiny_config.clock.speeds = (1.0, 1.1, 1.2, 1.3)
+  tiny_config.outer.quorum = 2
+  tiny_config.outer.grace = "none"
+  tiny_config.total_steps = 8
+  result = _run(tiny_config)
+  first = next(r for r in result.records if r["kind"] == "merge")
+  assert first["merged"] == [0, 1] and first["quorum"] == 2
+  assert first["time"] == pytest.approx(4.4, abs=1e-3)  # learner 1's report: 4 steps × 1.1 s

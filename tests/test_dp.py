@@ -2,8 +2,10 @@
 
 import jax
 import numpy as np
+import pytest
 
 from runtime import train
+from runtime import faults
 from runtime.experiment import Experiment
 
 
@@ -39,3 +41,35 @@ def test_dp_loss_falls_on_the_real_corpus_and_writes_metrics(tiny_config, tmp_pa
   assert evals == sorted(evals, reverse=True)
   assert (tmp_path / "dp" / "metrics.jsonl").stat().st_size > 0
   assert list((tmp_path / "dp" / "tb").iterdir())
+
+
+@pytest.fixture
+def one_crash(tiny_config, monkeypatch):
+  """Four slices, 1 s steps; slice 1 alone fails, once, at t=5.5 (during step 6), and is back at 10.5."""
+  monkeypatch.setattr(faults, "crash_times", lambda cfg, s, seed: iter([5.5] if s == 1 else []))
+  tiny_config.total_steps = 24
+  tiny_config.faults.repair_seconds = 5.0
+  tiny_config.faults.reconfig_seconds = 8.0
+  tiny_config.faults.restart_seconds = 30.0
+  tiny_config.faults.checkpoint_every = 10
+  return tiny_config
+
+
+def test_elastic_dp_pays_a_reconfiguration_to_drop_and_to_readd_the_slice(one_crash):
+  one_crash.mode = "dp_elastic"
+  result = _run(one_crash)
+  # 5 steps; crash at 5.5 (step 6 lost); drop the slice (+8 s), 1 step on 3 slices; re-add (+8 s) at 14.5,
+  # then 18 full steps to pass the 24-step budget: 5.5 + 8 + 1 + 8 + 1 + 18 = 41.5.
+  assert result.virtual_seconds == pytest.approx(41.5)
+  assert result.extras["faults"] == 1
+  # Slice time of the steps taken (20 + 3 + 4 + 72) over 4 slices × 41.5 s.
+  assert result.extras["goodput"] == pytest.approx(99 / (4 * 41.5))
+
+
+def test_dp_without_elasticity_restarts_from_its_checkpoint(one_crash):
+  one_crash.mode = "dp_restart"
+  result = _run(one_crash)
+  # 5 steps, crash at 5.5, restart (+30 s) from the step-0 checkpoint, then all 24 steps: 59.5 s.
+  assert result.virtual_seconds == pytest.approx(59.5)
+  assert result.extras["goodput"] == pytest.approx((29 - 5) * 4 / (4 * 59.5))
+  assert result.extras["uptime"] == pytest.approx(24 / 59.5)

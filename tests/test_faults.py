@@ -7,6 +7,8 @@ import pytest
 from runtime import train
 from runtime.controller import Controller
 from runtime.experiment import Experiment
+from runtime.learner import Learner
+from runtime.syncer import Syncer
 
 
 def _controller(config):
@@ -52,6 +54,50 @@ def test_crash_inside_the_device_program_is_survived_and_the_learner_rejoins(fou
   assert merged_after, "the rejoined learner never contributed again"
   _assert_no_token_skipped_or_repeated(result, budget)
   assert np.isfinite(result.final_eval_loss)
+
+
+def test_rejoining_learner_starts_from_the_syncers_current_theta(four_learners, monkeypatch):
+  four_learners.faults.schedule = "crash:learner=1,time=6"
+  four_learners.faults.repair_seconds = 5.0
+  controller = _controller(four_learners)
+  thetas, starts = {}, []  # every Θ version the syncer committed; what each round started from
+  real_commit, real_dispatch = Syncer.commit, Learner.dispatch
+
+  def commit(syncer, result, *args):
+    real_commit(syncer, result, *args)
+    thetas[syncer.version] = jax.device_get(syncer.params)
+
+  def dispatch(learner, kind, *args):
+    if kind == "main" and learner.steps == 0:  # the first inner step since it adopted Θ
+      starts.append((learner.index, controller.clock.now(), learner.base_version, controller.syncer.version,
+                     jax.device_get(learner.state.params)))
+    return real_dispatch(learner, kind, *args)
+
+  monkeypatch.setattr(Syncer, "commit", commit)
+  monkeypatch.setattr(Learner, "dispatch", dispatch)
+  thetas[0] = jax.device_get(controller.syncer.params)
+  result = controller.train()
+  rejoin, = _faults(result, "rejoin")
+  after_rejoin = [s for s in starts if s[0] == 1 and s[1] == rejoin["time"]]
+  assert len(after_rejoin) == 1
+  _, _, base, current, _ = after_rejoin[0]
+  assert base == current > 0  # the Θ of that moment, not the one it had before failing
+  for _, _, base, _, params in starts:
+    jax.tree.map(np.testing.assert_array_equal, params, thetas[base])
+
+
+@pytest.mark.parametrize("schedule", ["crash:learner=1,time=6", "corrupt:learner=2,time=1,how=nan"])
+def test_goodput_counts_only_the_work_that_reached_theta(four_learners, schedule):
+  run = train.prepare(four_learners)
+  result = _faulty(four_learners, schedule, repair_seconds=5.0)
+  # Every learner step takes 1 modeled second, and the merged steps are exactly the budget's; the
+  # crash loses 2 s of learner 1's round, the quarantine the 4 s of learner 2's first round.
+  merged_steps = run.token_budget // (run.data.batch_size // run.learners * run.data.seq_len)
+  assert result.extras["goodput"] == pytest.approx(merged_steps * 1.0 / (4 * result.virtual_seconds))
+  four_learners.faults.schedule = ""
+  calm = _controller(four_learners).train()
+  assert calm.extras["goodput"] == pytest.approx(merged_steps * 1.0 / (4 * calm.virtual_seconds))
+  assert result.extras["goodput"] < calm.extras["goodput"] - 0.05
 
 
 def test_survivors_step_times_equal_a_run_without_faults(four_learners):

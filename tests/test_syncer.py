@@ -42,3 +42,13 @@ def test_non_finite_and_absurd_reports_are_quarantined_and_the_rest_merged():
   assert dict(result.quarantined).keys() == {0, 1}
   assert result.merged == (2,)
   np.testing.assert_allclose(result.params["w"], np.full(3, 2.0))
+
+
+def test_a_delta_far_above_the_recent_norm_is_quarantined_below_the_absolute_limit():
+  syncer = _syncer(scale="none")
+  syncer.commit(syncer.compute([_report(0, {"w": jnp.full(3, 1.0)})]), [0])  # Θ = 1, recent norm sqrt(3)
+  assert syncer.compute([_report(1, {"w": jnp.full(3, 51.0)})]).merged == (1,)  # 50 × recent: kept
+  result = syncer.compute([_report(1, {"w": jnp.full(3, 201.0)})])  # 200 × recent, far below 1e6
+  assert result.merged == ()
+  (learner, reason), = result.quarantined
+  assert learner == 1 and "recent norm" in reason

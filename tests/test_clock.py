@@ -1,0 +1,70 @@
+"""The clocks on their own: event order, cancellation, modeled durations."""
+
+import concurrent.futures
+
+import numpy as np
+import pytest
+
+from runtime.clock import Event, RealClock, VirtualClock
+from runtime.config import ClockConfig
+
+
+def _virtual(**cfg):
+  return VirtualClock(ClockConfig(**cfg), num_learners=2, seed=0)
+
+
+def test_virtual_events_pop_in_time_order_and_ties_in_scheduling_order():
+  clock = _virtual()
+  for name, delay in [("a", 1.0), ("b", 0.5), ("c", 1.0), ("d", 1.0), ("e", 0.5)]:
+    clock.after(delay, Event(name))
+  order = [clock.next_event() for _ in range(5)]
+  assert [e.kind for _, e in order] == ["b", "e", "a", "c", "d"]
+  assert [t for t, _ in order] == [0.5, 0.5, 1.0, 1.0, 1.0]
+  assert clock.now() == 1.0
+
+
+def test_virtual_delays_count_from_the_current_time_and_never_go_back():
+  clock = _virtual()
+  clock.after(2.0, Event("first"))
+  clock.next_event()
+  clock.after(-5.0, Event("now"))
+  clock.after(1.5, Event("later"))
+  assert clock.next_event() == (2.0, Event("now"))
+  assert clock.next_event() == (3.5, Event("later"))
+
+
+def test_cancel_removes_matching_events_and_keeps_the_order_of_the_rest():
+  clock = _virtual()
+  for i, learner in enumerate([0, 1, 0, 1, 1]):
+    clock.after(1.0, Event("done", learner, i))
+  clock.cancel(lambda e: e.learner == 0)
+  assert clock.pending() == 3
+  assert [clock.next_event()[1].payload for _ in range(3)] == [1, 3, 4]
+
+
+def test_modeled_step_time_is_speed_times_straggling_and_seeded_jitter():
+  clock = _virtual(step_seconds=2.0, speeds=(1.0, 1.5))
+  assert clock.step_seconds(1) == 3.0
+  clock.set_slowdown(1, 4.0)
+  assert clock.step_seconds(1) == 12.0
+  clock.set_slowdown(1, 1.0)
+  jittered = [_virtual(jitter=0.2).step_seconds(0) for _ in range(2)]
+  assert jittered[0] == jittered[1] != 1.0  # the same seed draws the same noise
+  assert clock.transfer_seconds(2e9) == pytest.approx(2.0)  # 1 GB/s
+
+
+def test_real_clock_hands_back_work_in_the_order_it_finishes():
+  clock = RealClock(ClockConfig(kind="real"), num_learners=1, seed=0)
+  slow, fast = concurrent.futures.Future(), concurrent.futures.Future()
+  clock.on_done(slow, 0.0, Event("slow"))
+  clock.on_done(fast, 0.0, Event("fast"))
+  fast.set_result(None)
+  assert clock.next_event()[1].kind == "fast"
+  slow.set_result(None)
+  clock.after(0.0, Event("timer"))
+  kinds = {clock.next_event()[1].kind for _ in range(2)}
+  assert kinds == {"slow", "timer"}
+  with pytest.raises(RuntimeError, match="nothing scheduled"):
+    clock.next_event()
+  clock.close()
+  assert np.isfinite(clock.now())
