@@ -105,6 +105,10 @@ def get_config() -> ml_collections.ConfigDict:
   # How learners adopt Θ: "overwrite", or "mix" with mix_alpha of their local parameters.
   config.outer.receive = "overwrite"
   config.outer.mix_alpha = 0.0
+  # Reports whose delta norm is non-finite, above max_delta_norm, or above quarantine_factor × the
+  # recent norm are quarantined, never merged.
+  config.outer.quarantine_factor = 100.0
+  config.outer.max_delta_norm = 1e6
 
   config.clock = ml_collections.ConfigDict()
   # "virtual": seeded discrete-event time (reproducible); "real": wall time.
@@ -130,10 +134,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.faults.spare_swap_seconds = 5.0
   # A learner whose report was lost pulls Θ after this long and trains that data again.
   config.faults.report_timeout_seconds = 30.0
-  # Reports whose delta norm is non-finite, above max_delta_norm, or above quarantine_factor × the
-  # recent norm are quarantined.
-  config.faults.quarantine_factor = 100.0
-  config.faults.max_delta_norm = 1e6
   # Data-parallel baselines: restart cost and checkpoint interval (no elasticity), reconfiguration (elastic).
   config.faults.restart_seconds = 30.0
   config.faults.checkpoint_every = 10

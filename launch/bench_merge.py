@@ -9,7 +9,7 @@ merge_bw / copy_bw near 1 with a fresh output and above 1 with donated reports o
 from absl import app
 from absl import flags
 
-from runtime import merge_bench
+from runtime.bench import merge as merge_bench
 
 _DEFAULTS = merge_bench.MergeBenchConfig()
 _PARAMS = flags.DEFINE_integer("params", _DEFAULTS.params, "Model size the tensors total.")

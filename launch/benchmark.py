@@ -13,7 +13,7 @@ processes move single ratios by +-15%: read the host load column before trusting
 from absl import app, flags
 from ml_collections import config_flags
 
-from runtime import bench
+from runtime.bench import throughput as bench
 
 _DEFAULTS = bench.BenchConfig()
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Model, batch and devices to benchmark.")

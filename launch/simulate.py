@@ -4,8 +4,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from runtime import cluster_sim
-from runtime import cluster_sim_config
+from runtime.sim import config as sim_config
+from runtime.sim import table
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Simulator config: configs/goodput.py.")
 _WORKDIR = flags.DEFINE_string("workdir", ".", "Folder that receives goodput.png.")
@@ -13,7 +13,7 @@ _WORKDIR = flags.DEFINE_string("workdir", ".", "Folder that receives goodput.png
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
-  print(cluster_sim.report(cluster_sim_config.from_config_dict(_CONFIG.value), _WORKDIR.value))
+  print(table.build(sim_config.from_config_dict(_CONFIG.value), _WORKDIR.value))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ _WORKDIR = flags.DEFINE_string("workdir", "workdirs/default", "Where metrics, pl
 
 def main(argv: list[str]) -> None:
   del argv
-  from runtime import train  # pylint: disable=g-import-not-at-top
-  train.train(_CONFIG.value, _WORKDIR.value)
+  from runtime import modes  # pylint: disable=g-import-not-at-top
+  modes.train(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,13 @@ import ml_collections
 
 from models.transformer import ModelConfig
 from runtime.data import SHARD_LAYOUTS
-from runtime.errors import ConfigError
-from runtime.merge import MERGE_METHODS
+from runtime.errors import ConfigError, check
+from runtime.faults.plan import FaultConfig, parse_schedule
 
 MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
 CLOCKS = ("virtual", "real")
 GRACE_KINDS = ("none", "adaptive", "fixed")
+MERGE_METHODS = ("rda", "mean")  # per tensor: radial-directional averaging, or the weighted mean
 RECEIVE_MODES = ("overwrite", "mix")
 OUTER_GRAD_BASES = ("current", "base")
 OUTER_SCALES = ("fraction", "none")
@@ -48,7 +49,7 @@ class InnerOptConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OuterConfig:
-  """Syncer: outer Nesterov SGD, quorum, merge rule, grace window, redistribution."""
+  """Syncer: outer Nesterov SGD, quorum, screening, merge rule, grace window, redistribution."""
 
   lr: float = 0.7
   momentum: float = 0.9
@@ -65,6 +66,8 @@ class OuterConfig:
   ema_decay: float = 0.9  # moving averages behind the adaptive grace window
   receive: str = "overwrite"
   mix_alpha: float = 0.0  # receive == "mix": θ ← (1−α)·Θ + α·θ_local
+  quarantine_factor: float = 100.0  # a delta norm above this × the recent norm is quarantined
+  max_delta_norm: float = 1e6  # ... and so is any delta norm above this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,25 +81,6 @@ class ClockConfig:
   bandwidth_bytes_per_s: float = 1e9  # learner <-> syncer link, each way
   latency_s: float = 0.0
   merge_seconds: float = 0.0  # virtual cost of one merge on the syncer
-
-
-@dataclasses.dataclass(frozen=True)
-class FaultConfig:
-  """Failures injected from the controller, and the costs the data-parallel baselines pay for them."""
-
-  # Scheduled faults, ';'-separated, e.g. "crash:learner=1,time=40; straggler:learner=2,time=10,
-  # duration=50,factor=3; corrupt:learner=0,time=20,how=nan; link:learner=3,time=5,duration=20,mode=drop".
-  schedule: str = ""
-  mtbi_chip_seconds: float = 0.0  # per-chip mean time between interruptions; 0 = no random crashes
-  chips_per_slice: int = 256
-  repair_seconds: float = 60.0  # a crashed slice is back after this long
-  spare_swap_seconds: float = 5.0  # a spare slice takes over a crashed learner after this long
-  report_timeout_seconds: float = 30.0  # a learner whose report got no answer pulls Θ after this long
-  quarantine_factor: float = 100.0  # a delta norm above this × the recent norm is quarantined
-  max_delta_norm: float = 1e6  # ... and so is any delta norm above this
-  restart_seconds: float = 30.0  # DP without elasticity: restart after every failure
-  checkpoint_every: int = 10  # DP without elasticity: steps between checkpoints (work after is lost)
-  reconfig_seconds: float = 8.0  # elastic DP: pause to drop or re-add a slice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,9 +124,8 @@ class RunConfig:
     return self.slices or (1 if self.mode == "dp" else self.learners)
 
 
-def _check(cond: bool, field: str, value: object, allowed: str) -> None:
-  if not cond:
-    raise ConfigError(field, value, allowed)
+# Fields that moved between sections: the error for the old name says where they went.
+_MOVED = {"faults.quarantine_factor": "outer.quarantine_factor", "faults.max_delta_norm": "outer.max_delta_norm"}
 
 
 def _build(cls: type, cfg: ml_collections.ConfigDict | None, prefix: str) -> Any:
@@ -151,8 +134,12 @@ def _build(cls: type, cfg: ml_collections.ConfigDict | None, prefix: str) -> Any
   values = {}
   for key, value in (cfg.to_dict() if cfg is not None else {}).items():
     if key not in fields:
-      raise ConfigError(f"{prefix}{key}", value, f"one of the fields {sorted(fields)}")
+      moved = _MOVED.get(f"{prefix}{key}")
+      raise ConfigError(f"{prefix}{key}", value, f"only under its new name '{moved}'" if moved else
+                        f"one of the fields {sorted(fields)}")
     values[key] = tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else value
+  if cls is FaultConfig and isinstance(values.get("schedule"), str):
+    values["schedule"] = parse_schedule(values["schedule"])
   return cls(**values)
 
 
@@ -187,7 +174,7 @@ def from_config_dict(cfg: ml_collections.ConfigDict) -> RunConfig:
 
 def with_mode(run: RunConfig, mode: str) -> RunConfig:
   """The run in `mode`, validated; synchronous DiLoCo waits for every learner (K = M, no grace)."""
-  _check(mode in MODES, "mode", mode, f"one of {MODES}")
+  check(mode in MODES, "mode", mode, f"one of {MODES}")
   run = dataclasses.replace(run, mode=mode)
   if mode == "diloco_sync":
     run = dataclasses.replace(run, outer=dataclasses.replace(run.outer, quorum=run.learners, grace="none"))
@@ -198,76 +185,78 @@ def with_mode(run: RunConfig, mode: str) -> RunConfig:
 def validate(run: RunConfig) -> None:
   """Raises ConfigError on the first field outside what it allows."""
   m, d, i, o, c = run.model, run.data, run.inner, run.outer, run.clock
-  _check(run.mode in MODES, "mode", run.mode, f"one of {MODES}")
-  _check(run.num_devices >= 1, "num_devices", run.num_devices, "an integer >= 1")
-  _check(run.learners >= 1, "learners", run.learners, "an integer >= 1")
-  _check(run.slices == 0 or run.slices >= run.learners, "slices", run.slices,
+  check(run.mode in MODES, "mode", run.mode, f"one of {MODES}")
+  check(run.num_devices >= 1, "num_devices", run.num_devices, "an integer >= 1")
+  check(run.learners >= 1, "learners", run.learners, "an integer >= 1")
+  check(run.slices == 0 or run.slices >= run.learners, "slices", run.slices,
          f"0 (one per learner) or >= learners ({run.learners})")
-  _check(run.inner_steps >= 1, "inner_steps", run.inner_steps, "an integer >= 1")
-  _check(0 <= run.overlap_steps < run.inner_steps, "overlap_steps", run.overlap_steps,
+  check(run.inner_steps >= 1, "inner_steps", run.inner_steps, "an integer >= 1")
+  check(0 <= run.overlap_steps < run.inner_steps, "overlap_steps", run.overlap_steps,
          f"0 <= overlap_steps < inner_steps ({run.inner_steps})")
-  _check(run.total_steps >= 1, "total_steps", run.total_steps, "an integer >= 1")
-  _check(run.eval_every >= 1, "eval_every", run.eval_every, "an integer >= 1")
-  _check(run.eval_batches >= 1, "eval_batches", run.eval_batches, "an integer >= 1")
-  _check(run.log_every >= 1, "log_every", run.log_every, "an integer >= 1")
-  _check(m.positions in POSITIONS, "model.positions", m.positions, f"one of {POSITIONS}")
-  _check(m.dtype in DTYPES, "model.dtype", m.dtype, f"one of {DTYPES}")
+  check(run.total_steps >= 1, "total_steps", run.total_steps, "an integer >= 1")
+  check(run.eval_every >= 1, "eval_every", run.eval_every, "an integer >= 1")
+  check(run.eval_batches >= 1, "eval_batches", run.eval_batches, "an integer >= 1")
+  check(run.log_every >= 1, "log_every", run.log_every, "an integer >= 1")
+  check(m.positions in POSITIONS, "model.positions", m.positions, f"one of {POSITIONS}")
+  check(m.dtype in DTYPES, "model.dtype", m.dtype, f"one of {DTYPES}")
   for name in ("num_layers", "d_model", "num_heads", "mlp_dim", "max_len"):
-    _check(getattr(m, name) >= 1, f"model.{name}", getattr(m, name), "an integer >= 1")
-  _check(m.d_model % m.num_heads == 0 and (m.d_model // m.num_heads) % 2 == 0, "model.num_heads", m.num_heads,
+    check(getattr(m, name) >= 1, f"model.{name}", getattr(m, name), "an integer >= 1")
+  check(m.d_model % m.num_heads == 0 and (m.d_model // m.num_heads) % 2 == 0, "model.num_heads", m.num_heads,
          f"a divisor of model.d_model ({m.d_model}) leaving an even head size")
-  _check(m.vocab_size == 256, "model.vocab_size", m.vocab_size, "256 (byte-level)")
-  _check(d.seq_len >= 1, "data.seq_len", d.seq_len, "an integer >= 1")
-  _check(d.seq_len <= m.max_len, "data.seq_len", d.seq_len, f"<= model.max_len ({m.max_len})")
-  _check(0.0 < d.eval_fraction < 1.0, "data.eval_fraction", d.eval_fraction, "a float in (0, 1)")
-  _check(d.max_bytes is None or d.max_bytes > 0, "data.max_bytes", d.max_bytes, "None or a positive integer")
-  _check(d.prefetch >= 1, "data.prefetch", d.prefetch, "an integer >= 1")
-  _check(d.shard_layout in SHARD_LAYOUTS, "data.shard_layout", d.shard_layout, f"one of {SHARD_LAYOUTS}")
+  check(m.vocab_size == 256, "model.vocab_size", m.vocab_size, "256 (byte-level)")
+  check(d.seq_len >= 1, "data.seq_len", d.seq_len, "an integer >= 1")
+  check(d.seq_len <= m.max_len, "data.seq_len", d.seq_len, f"<= model.max_len ({m.max_len})")
+  check(0.0 < d.eval_fraction < 1.0, "data.eval_fraction", d.eval_fraction, "a float in (0, 1)")
+  check(d.max_bytes is None or d.max_bytes > 0, "data.max_bytes", d.max_bytes, "None or a positive integer")
+  check(d.prefetch >= 1, "data.prefetch", d.prefetch, "an integer >= 1")
+  check(d.shard_layout in SHARD_LAYOUTS, "data.shard_layout", d.shard_layout, f"one of {SHARD_LAYOUTS}")
   groups = run.learners if run.mode in ("decoupled", "diloco_sync", "dp_elastic", "dp_restart") else 1
   per_slice = run.num_devices // max(run.num_slices, 1)
-  _check(d.batch_size >= 1 and d.batch_size % groups == 0, "data.batch_size", d.batch_size,
+  check(d.batch_size >= 1 and d.batch_size % groups == 0, "data.batch_size", d.batch_size,
          f"a positive multiple of learners ({groups})")
   if run.mode == "dp":  # one mesh over every device
-    _check(d.batch_size % run.num_devices == 0, "data.batch_size", d.batch_size,
+    check(d.batch_size % run.num_devices == 0, "data.batch_size", d.batch_size,
            f"a multiple of num_devices ({run.num_devices})")
   else:
-    _check(run.num_devices % run.num_slices == 0, "num_devices", run.num_devices,
+    check(run.num_devices % run.num_slices == 0, "num_devices", run.num_devices,
            f"a multiple of the number of slices ({run.num_slices})")
-    _check((d.batch_size // groups) % per_slice == 0, "data.batch_size", d.batch_size,
+    check((d.batch_size // groups) % per_slice == 0, "data.batch_size", d.batch_size,
            f"a multiple of learners × devices per slice ({groups} × {per_slice})")
-  _check(i.lr > 0, "inner.lr", i.lr, "a float > 0")
-  _check(0 <= i.warmup_steps, "inner.warmup_steps", i.warmup_steps, "an integer >= 0")
-  _check(0 <= i.min_lr_ratio <= 1, "inner.min_lr_ratio", i.min_lr_ratio, "a float in [0, 1]")
-  _check(i.weight_decay >= 0, "inner.weight_decay", i.weight_decay, "a float >= 0")
-  _check(0 <= i.b1 < 1 and 0 <= i.b2 < 1, "inner.b1/inner.b2", (i.b1, i.b2), "floats in [0, 1)")
-  _check(i.grad_clip > 0, "inner.grad_clip", i.grad_clip, "a float > 0")
-  _check(o.lr > 0, "outer.lr", o.lr, "a float > 0")
-  _check(0 <= o.momentum < 1, "outer.momentum", o.momentum, "a float in [0, 1)")
-  _check(1 <= o.quorum <= run.learners, "outer.quorum", o.quorum, f"an integer in [1, learners={run.learners}]")
-  _check(o.merge in MERGE_METHODS, "outer.merge", o.merge, f"one of {MERGE_METHODS}")
-  _check(o.outer_grad_base in OUTER_GRAD_BASES, "outer.outer_grad_base", o.outer_grad_base,
+  check(i.lr > 0, "inner.lr", i.lr, "a float > 0")
+  check(0 <= i.warmup_steps, "inner.warmup_steps", i.warmup_steps, "an integer >= 0")
+  check(0 <= i.min_lr_ratio <= 1, "inner.min_lr_ratio", i.min_lr_ratio, "a float in [0, 1]")
+  check(i.weight_decay >= 0, "inner.weight_decay", i.weight_decay, "a float >= 0")
+  check(0 <= i.b1 < 1 and 0 <= i.b2 < 1, "inner.b1/inner.b2", (i.b1, i.b2), "floats in [0, 1)")
+  check(i.grad_clip > 0, "inner.grad_clip", i.grad_clip, "a float > 0")
+  check(o.lr > 0, "outer.lr", o.lr, "a float > 0")
+  check(0 <= o.momentum < 1, "outer.momentum", o.momentum, "a float in [0, 1)")
+  check(1 <= o.quorum <= run.learners, "outer.quorum", o.quorum, f"an integer in [1, learners={run.learners}]")
+  check(o.merge in MERGE_METHODS, "outer.merge", o.merge, f"one of {MERGE_METHODS}")
+  check(o.outer_grad_base in OUTER_GRAD_BASES, "outer.outer_grad_base", o.outer_grad_base,
          f"one of {OUTER_GRAD_BASES}")
-  _check(o.scale in OUTER_SCALES, "outer.scale", o.scale, f"one of {OUTER_SCALES}")
-  _check(o.grace in GRACE_KINDS, "outer.grace", o.grace, f"one of {GRACE_KINDS}")
-  _check(0 <= o.grace_gamma <= 1, "outer.grace_gamma", o.grace_gamma, "a float in [0, 1]")
-  _check(o.grace_seconds >= 0, "outer.grace_seconds", o.grace_seconds, "a float >= 0")
-  _check(0 <= o.ema_decay < 1, "outer.ema_decay", o.ema_decay, "a float in [0, 1)")
-  _check(o.receive in RECEIVE_MODES, "outer.receive", o.receive, f"one of {RECEIVE_MODES}")
-  _check(0 <= o.mix_alpha < 1, "outer.mix_alpha", o.mix_alpha, "a float in [0, 1)")
-  _check(c.kind in CLOCKS, "clock.kind", c.kind, f"one of {CLOCKS}")
-  _check(c.step_seconds > 0, "clock.step_seconds", c.step_seconds, "a float > 0")
-  _check(not c.speeds or len(c.speeds) == run.learners, "clock.speeds", c.speeds,
+  check(o.scale in OUTER_SCALES, "outer.scale", o.scale, f"one of {OUTER_SCALES}")
+  check(o.grace in GRACE_KINDS, "outer.grace", o.grace, f"one of {GRACE_KINDS}")
+  check(0 <= o.grace_gamma <= 1, "outer.grace_gamma", o.grace_gamma, "a float in [0, 1]")
+  check(o.grace_seconds >= 0, "outer.grace_seconds", o.grace_seconds, "a float >= 0")
+  check(0 <= o.ema_decay < 1, "outer.ema_decay", o.ema_decay, "a float in [0, 1)")
+  check(o.receive in RECEIVE_MODES, "outer.receive", o.receive, f"one of {RECEIVE_MODES}")
+  check(0 <= o.mix_alpha < 1, "outer.mix_alpha", o.mix_alpha, "a float in [0, 1)")
+  check(c.kind in CLOCKS, "clock.kind", c.kind, f"one of {CLOCKS}")
+  check(c.step_seconds > 0, "clock.step_seconds", c.step_seconds, "a float > 0")
+  check(not c.speeds or len(c.speeds) == run.learners, "clock.speeds", c.speeds,
          f"empty or one factor per learner ({run.learners})")
-  _check(all(s > 0 for s in c.speeds), "clock.speeds", c.speeds, "positive slowdown factors")
-  _check(0 <= c.jitter < 1, "clock.jitter", c.jitter, "a float in [0, 1)")
-  _check(c.bandwidth_bytes_per_s > 0, "clock.bandwidth_bytes_per_s", c.bandwidth_bytes_per_s, "a float > 0")
+  check(all(s > 0 for s in c.speeds), "clock.speeds", c.speeds, "positive slowdown factors")
+  check(0 <= c.jitter < 1, "clock.jitter", c.jitter, "a float in [0, 1)")
+  check(c.bandwidth_bytes_per_s > 0, "clock.bandwidth_bytes_per_s", c.bandwidth_bytes_per_s, "a float > 0")
+  check(o.quarantine_factor > 1, "outer.quarantine_factor", o.quarantine_factor, "a float > 1")
+  check(o.max_delta_norm > 0, "outer.max_delta_norm", o.max_delta_norm, "a float > 0")
   f = run.faults
   for name in ("mtbi_chip_seconds", "repair_seconds", "spare_swap_seconds", "report_timeout_seconds",
                "restart_seconds", "reconfig_seconds"):
-    _check(getattr(f, name) >= 0, f"faults.{name}", getattr(f, name), "a float >= 0")
-  _check(f.chips_per_slice >= 1, "faults.chips_per_slice", f.chips_per_slice, "an integer >= 1")
-  _check(f.checkpoint_every >= 1, "faults.checkpoint_every", f.checkpoint_every, "an integer >= 1")
-  _check(f.quarantine_factor > 1, "faults.quarantine_factor", f.quarantine_factor, "a float > 1")
-  _check(f.max_delta_norm > 0, "faults.max_delta_norm", f.max_delta_norm, "a float > 0")
-  _check(c.latency_s >= 0 and c.merge_seconds >= 0, "clock.latency_s/clock.merge_seconds",
+    check(getattr(f, name) >= 0, f"faults.{name}", getattr(f, name), "a float >= 0")
+  check(f.chips_per_slice >= 1, "faults.chips_per_slice", f.chips_per_slice, "an integer >= 1")
+  check(f.checkpoint_every >= 1, "faults.checkpoint_every", f.checkpoint_every, "an integer >= 1")
+  for fault in f.schedule:
+    check(0 <= fault.learner < run.learners, "faults.schedule", fault.text, f"learner in [0, {run.learners})")
+  check(c.latency_s >= 0 and c.merge_seconds >= 0, "clock.latency_s/clock.merge_seconds",
          (c.latency_s, c.merge_seconds), "floats >= 0")

@@ -11,3 +11,9 @@ class ConfigError(ValueError):
 
 class DataError(ValueError):
   """The corpus or a data position cannot be used; the message says which and why."""
+
+
+def check(ok: bool, field: str, value: object, allowed: str) -> None:
+  """Raises ConfigError naming `field`, its value and what is allowed, unless `ok`."""
+  if not ok:
+    raise ConfigError(field, value, allowed)

@@ -12,10 +12,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from runtime import corpus as corpus_lib
 from runtime import data as data_lib
-from runtime import report
+from runtime import summary
 from runtime.config import RunConfig
 from runtime.metrics import MetricsLogger
-from runtime.train_step import make_eval
+from runtime.programs import make_eval
 
 PyTree = Any
 
@@ -78,14 +78,14 @@ def make_logger(run: RunConfig, workdir: str | os.PathLike | None, name: str) ->
 def finish(results: list[RunResult], workdir: str | os.PathLike | None, title: str) -> str:
   """Prints/writes the summary table and the loss plots; returns the table text."""
   columns = list(dict.fromkeys(k for r in results for k in r.row()))
-  table = report.summary_table([r.row() for r in results], columns, title=title)
+  table = summary.summary_table([r.row() for r in results], columns, title=title)
   if workdir is not None:
     out = pathlib.Path(workdir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.txt").write_text(table + "\n")
-    (out / "summary.md").write_text(report.summary_table([r.row() for r in results], columns, markdown=True) + "\n")
+    (out / "summary.md").write_text(summary.summary_table([r.row() for r in results], columns, markdown=True) + "\n")
     runs = {r.run: r.records for r in results}
-    report.plot_curves(runs, out / "loss.png", x=("tokens", "time"), kinds=("train", "merge", "eval"), title=title)
+    summary.plot_curves(runs, out / "loss.png", x=("tokens", "time"), kinds=("train", "merge", "eval"), title=title)
   return table
 
 

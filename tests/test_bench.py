@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtime import bench
+from runtime.bench import throughput as bench
 from runtime.errors import ConfigError
 
 

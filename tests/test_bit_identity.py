@@ -20,7 +20,7 @@ import jax
 import jaxlib
 import pytest
 
-from runtime import train
+from runtime import modes
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 
@@ -53,7 +53,7 @@ def _run(name: str, workdir: pathlib.Path) -> dict[str, str]:
     (config[section] if section else config)[field] = value
   config.progress = False
   config.tensorboard = False
-  getattr(train, entry)(config, workdir)
+  getattr(modes, entry)(config, workdir)
   return _metrics(workdir)
 
 

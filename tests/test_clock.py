@@ -5,7 +5,7 @@ import concurrent.futures
 import numpy as np
 import pytest
 
-from runtime.clock import Event, RealClock, VirtualClock
+from runtime.diloco.clock import Event, RealClock, VirtualClock
 from runtime.config import ClockConfig
 
 

@@ -60,3 +60,34 @@ def test_size_presets_apply():
 def test_synchronous_diloco_mode_forces_quorum_to_all_learners():
   run = from_config_dict(_with("mode", "diloco_sync"))
   assert run.outer.quorum == run.learners and run.outer.grace == "none"
+
+
+@pytest.mark.parametrize("mode", ["decoupled", "dp", "dp_elastic"])
+@pytest.mark.parametrize("schedule,allowed", [
+    ("crash:learner=1", "exactly one of time"),
+    ("crash:time=10", "a learner=M field"),
+    ("quake:learner=0,time=1", "a fault kind"),
+    ("link:learner=0,time=1,mode=sideways", "mode in"),
+    ("crash:learner=7,time=3", "learner in [0, 4)"),
+])
+def test_a_bad_fault_schedule_fails_at_the_boundary_in_every_mode(mode, schedule, allowed):
+  config = _with("faults.schedule", schedule)
+  config.mode = mode
+  with pytest.raises(ConfigError) as err:
+    from_config_dict(config)
+  assert err.value.field == "faults.schedule" and allowed in str(err.value)
+
+
+def test_the_fault_schedule_is_parsed_once_into_typed_faults():
+  run = from_config_dict(_with("faults.schedule", "crash:learner=1,time=30; straggler:learner=2,time=5,"
+                                                  "duration=9,factor=3"))
+  crash, straggler = run.faults.schedule
+  assert (crash.kind, crash.learner, crash.time, crash.step) == ("crash", 1, 30.0, -1)
+  assert (straggler.kind, straggler.duration, straggler.factor) == ("straggler", 9.0, 3.0)
+
+
+def test_a_field_that_moved_section_names_its_new_place():
+  config = default.get_config()
+  config.faults.quarantine_factor = 50.0
+  with pytest.raises(ConfigError, match="new name 'outer.quarantine_factor'"):
+    from_config_dict(config)

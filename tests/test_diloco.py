@@ -7,15 +7,15 @@ import pytest
 from invariants import assert_ranges_tile
 
 from models import lm
-from runtime import train
+from runtime import modes
 from runtime.experiment import Experiment
 from runtime.optim import inner_optimizer
-from runtime.train_step import init_state, make_train_step
+from runtime.programs import init_state, make_train_step
 
 
 def _run(config, workdir=None, name="run"):
-  run = train.prepare(config)
-  return train.train_one(run, Experiment(run), workdir, name)
+  run = modes.prepare(config)
+  return modes.train_one(run, Experiment(run), workdir, name)
 
 
 def _assert_trees_close(a, b, rtol=1e-4, atol=1e-5):
@@ -53,7 +53,7 @@ def test_quorum_of_all_with_equal_weights_and_mean_matches_a_synchronous_diloco_
   tiny_config.outer.token_weighting = False
   result = _run(tiny_config)
 
-  run = train.prepare(tiny_config)
+  run = modes.prepare(tiny_config)
   exp = Experiment(run)
   tx = inner_optimizer(run.inner, run.total_steps)
   step = jax.jit(make_train_step(run.model, tx))
@@ -112,7 +112,7 @@ def test_grace_window_merges_more_learners_without_lowering_busy_fraction(tiny_c
   assert grace.extras["busy_min"] >= no_grace.extras["busy_min"] - 0.01
   for result in (no_grace, grace):  # overlap steps overwritten by Θ have their data served again
     assert_ranges_tile(result, learners=range(4))
-    assert result.tokens == train.prepare(tiny_config).token_budget
+    assert result.tokens == modes.prepare(tiny_config).token_budget
 
 
 def test_merge_starts_as_soon_as_the_quorum_has_reported(tiny_config):

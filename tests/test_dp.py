@@ -4,14 +4,14 @@ import jax
 import numpy as np
 import pytest
 
-from runtime import train
-from runtime import faults
+from runtime import modes
+from runtime.faults import plan
 from runtime.experiment import Experiment
 
 
 def _run(config, workdir=None):
-  run = train.prepare(config)
-  return train.train_one(run, Experiment(run), workdir, "dp")
+  run = modes.prepare(config)
+  return modes.train_one(run, Experiment(run), workdir, "dp")
 
 
 def test_dp_on_8_devices_matches_1_device_at_the_same_global_batch(tiny_config):
@@ -46,7 +46,7 @@ def test_dp_loss_falls_on_the_real_corpus_and_writes_metrics(tiny_config, tmp_pa
 @pytest.fixture
 def one_crash(tiny_config, monkeypatch):
   """Four slices, 1 s steps; slice 1 alone fails, once, at t=5.5 (during step 6), and is back at 10.5."""
-  monkeypatch.setattr(faults, "crash_times", lambda cfg, s, seed: iter([5.5] if s == 1 else []))
+  monkeypatch.setattr(plan, "crash_times", lambda cfg, s, seed: iter([5.5] if s == 1 else []))
   tiny_config.total_steps = 24
   tiny_config.faults.repair_seconds = 5.0
   tiny_config.faults.reconfig_seconds = 8.0

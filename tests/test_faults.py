@@ -4,15 +4,15 @@ import jax
 import numpy as np
 import pytest
 
-from runtime import train
-from runtime.controller import Controller
+from runtime import modes
+from runtime.diloco.controller import Controller
 from runtime.experiment import Experiment
-from runtime.learner import Learner
-from runtime.syncer import Syncer
+from runtime.diloco.learner import Learner
+from runtime.diloco.syncer import Syncer
 
 
 def _controller(config):
-  run = train.prepare(config)
+  run = modes.prepare(config)
   return Controller(run, Experiment(run), None, "run")
 
 
@@ -44,7 +44,7 @@ def four_learners(tiny_config):
 
 
 def test_crash_inside_the_device_program_is_survived_and_the_learner_rejoins(four_learners):
-  budget = train.prepare(four_learners).token_budget
+  budget = modes.prepare(four_learners).token_budget
   result = _faulty(four_learners, "crash:learner=1,time=6", repair_seconds=5.0)
   crash, = _faults(result, "crash")
   assert "JaxRuntimeError" in crash["detail"]  # a genuine device error, raised by the host callback
@@ -88,7 +88,7 @@ def test_rejoining_learner_starts_from_the_syncers_current_theta(four_learners, 
 
 @pytest.mark.parametrize("schedule", ["crash:learner=1,time=6", "corrupt:learner=2,time=1,how=nan"])
 def test_goodput_counts_only_the_work_that_reached_theta(four_learners, schedule):
-  run = train.prepare(four_learners)
+  run = modes.prepare(four_learners)
   result = _faulty(four_learners, schedule, repair_seconds=5.0)
   # Every learner step takes 1 modeled second, and the merged steps are exactly the budget's; the
   # crash loses 2 s of learner 1's round, the quarantine the 4 s of learner 2's first round.
@@ -141,7 +141,7 @@ def test_crash_that_surfaces_at_dispatch_is_handled(four_learners, monkeypatch):
 
 @pytest.mark.parametrize("how", ["nan", "huge"])
 def test_corrupt_report_is_quarantined_and_never_reaches_theta(four_learners, how):
-  budget = train.prepare(four_learners).token_budget
+  budget = modes.prepare(four_learners).token_budget
   four_learners.clock.speeds = (1.0, 1.1, 1.2, 1.3)  # one report per merge, so the quarantine is isolated
   result = _faulty(four_learners, f"corrupt:learner=0,time=5,how={how}")
   quarantine, = _faults(result, "quarantine")
@@ -155,7 +155,7 @@ def test_corrupt_report_is_quarantined_and_never_reaches_theta(four_learners, ho
 
 def test_report_quarantined_after_its_learner_crashed_is_trained_again(four_learners):
   """Found by the soak: a corrupt report still in transit when its learner crashes and comes back."""
-  budget = train.prepare(four_learners).token_budget
+  budget = modes.prepare(four_learners).token_budget
   schedule = ("corrupt:learner=1,time=1,how=nan;link:learner=1,time=3,duration=8,mode=delay;"
               "crash:learner=1,time=5,repair=1")
   result = _faulty(four_learners, schedule)
@@ -168,7 +168,7 @@ def test_report_quarantined_after_its_learner_crashed_is_trained_again(four_lear
 
 @pytest.mark.parametrize("mode", ["delay", "drop"])
 def test_link_loss_delays_or_loses_reports_without_losing_tokens(four_learners, mode):
-  budget = train.prepare(four_learners).token_budget
+  budget = modes.prepare(four_learners).token_budget
   result = _faulty(four_learners, f"link:learner=3,time=3,duration=6,mode={mode}", report_timeout_seconds=4.0)
   if mode == "drop":
     assert _faults(result, "link_drop")
@@ -179,7 +179,7 @@ def test_link_loss_delays_or_loses_reports_without_losing_tokens(four_learners, 
 
 
 def test_with_every_learner_down_the_run_waits_and_resumes(four_learners):
-  budget = train.prepare(four_learners).token_budget
+  budget = modes.prepare(four_learners).token_budget
   schedule = ";".join(f"crash:learner={m},time=5,repair=10" for m in range(4))
   result = _faulty(four_learners, schedule)
   assert len(_faults(result, "crash")) == 4 and len(_faults(result, "rejoin")) == 4

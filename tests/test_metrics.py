@@ -6,7 +6,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from runtime import report
+from runtime import summary
 from runtime.metrics import MetricsLogger, read_jsonl
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -127,7 +127,7 @@ def test_summary_table_aligns_columns_and_formats_numbers():
       {"run": "decoupled", "tokens": 89, "loss": 0.000123456, "extra": 1},
   ]
 
-  text = report.summary_table(rows, ["run", "tokens", "loss", "goodput"], title="Results")
+  text = summary.summary_table(rows, ["run", "tokens", "loss", "goodput"], title="Results")
 
   assert text.splitlines() == [
       "Results",
@@ -141,7 +141,7 @@ def test_summary_table_aligns_columns_and_formats_numbers():
 def test_summary_table_markdown_has_header_rule_and_escaped_cells():
   rows = [{"run": "a|b", "loss": 1.0}, {"run": "c"}]
 
-  text = report.summary_table(rows, ["run", "loss"], title="Results", markdown=True)
+  text = summary.summary_table(rows, ["run", "loss"], title="Results", markdown=True)
 
   assert text.splitlines() == [
       "**Results**",
@@ -156,7 +156,7 @@ def test_summary_table_markdown_has_header_rule_and_escaped_cells():
 def test_plot_curves_writes_a_png_and_creates_its_folder(tmp_path: pathlib.Path):
   runs = {"a": _train_records(), "b": _train_records()}
 
-  path = report.plot_curves(
+  path = summary.plot_curves(
       runs, tmp_path / "plots" / "loss.png", x=("tokens", "time"), log_y=True
   )
 
@@ -168,7 +168,7 @@ def test_plot_curves_without_plottable_records_raises(tmp_path: pathlib.Path):
   runs = {"a": [{"kind": "train", "step": 1, "loss": 2.0}]}
 
   with pytest.raises(ValueError, match="x key 'tokens'"):
-    report.plot_curves(runs, tmp_path / "loss.png")
+    summary.plot_curves(runs, tmp_path / "loss.png")
   assert not (tmp_path / "loss.png").exists()
 
 
@@ -180,7 +180,7 @@ def test_plot_timeline_writes_a_png(tmp_path: pathlib.Path):
       ("learner 1", 2.0, 6.0, "waiting"),
   ]
 
-  path = report.plot_timeline(intervals, [(5.0, "merge"), (6.0, "merge")], tmp_path / "t.png")
+  path = summary.plot_timeline(intervals, [(5.0, "merge"), (6.0, "merge")], tmp_path / "t.png")
 
   assert path.read_bytes().startswith(PNG_MAGIC)
 
@@ -201,4 +201,4 @@ def test_plot_timeline_rejects_what_it_cannot_draw(
     tmp_path: pathlib.Path,
 ):
   with pytest.raises(ValueError, match=message):
-    report.plot_timeline(intervals, events, tmp_path / "t.png")
+    summary.plot_timeline(intervals, events, tmp_path / "t.png")

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from runtime import train
-from runtime.controller import Controller
+from runtime import modes
+from runtime.diloco.controller import Controller
 from runtime.experiment import Experiment
 
 
@@ -12,7 +12,7 @@ def _real(config):
   config.learners = 2
   config.total_steps = 16
   config.eval_every = 16
-  run = train.prepare(config)
+  run = modes.prepare(config)
   return run, Controller(run, Experiment(run), None, "real").train()
 
 

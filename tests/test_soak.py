@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from runtime import train
-from runtime.controller import Controller
+from runtime import modes
+from runtime.diloco.controller import Controller
 from runtime.experiment import Experiment
 
 
@@ -52,7 +52,7 @@ def test_soak_with_hundreds_of_faults_keeps_every_invariant(tiny_config, seed):
   c.faults.repair_seconds = 20.0
   c.faults.report_timeout_seconds = 5.0
   c.faults.schedule = _random_schedule(np.random.default_rng(seed), 4, horizon=200.0, count=120)
-  run = train.prepare(c)
+  run = modes.prepare(c)
   result = Controller(run, Experiment(run), None, "soak").train()
 
   faults = [f for f in result.details["faults"] if f["fault"] in ("crash", "straggler", "corrupt", "link")]

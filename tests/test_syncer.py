@@ -1,12 +1,15 @@
-"""The syncer's outer step: screening, weighting, scaling by the merged fraction."""
+"""The syncer on its own: the outer step, screening, weighting, the quorum and the grace window."""
 
 import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
+import optax
+import pytest
 
 from runtime.config import OuterConfig
-from runtime.syncer import Report, Syncer
+from runtime.diloco.messages import Report
+from runtime.diloco.syncer import Syncer, outer_step
 
 
 def _report(learner, params, tokens=100, steps=10, base=0):
@@ -15,7 +18,7 @@ def _report(learner, params, tokens=100, steps=10, base=0):
 
 def _syncer(**outer):
   cfg = dataclasses.replace(OuterConfig(lr=1.0, momentum=0.0, nesterov=False, merge="mean"), **outer)
-  return Syncer(cfg, {"w": jnp.zeros(3)}, num_learners=4, quarantine_factor=100.0, max_delta_norm=1e6)
+  return Syncer(cfg, {"w": jnp.zeros(3)}, num_learners=4)
 
 
 def test_a_merge_of_one_of_four_learners_is_a_quarter_outer_step():
@@ -52,3 +55,42 @@ def test_a_delta_far_above_the_recent_norm_is_quarantined_below_the_absolute_lim
   assert result.merged == ()
   (learner, reason), = result.quarantined
   assert learner == 1 and "recent norm" in reason
+
+
+def test_quorum_is_reached_at_exactly_k_reports_and_never_exceeds_the_learners_able():
+  syncer = _syncer(quorum=2)
+  params = {"w": jnp.ones(3)}
+  assert not syncer.quorum_reached(able=4)
+  syncer.receive(_report(0, params))
+  assert not syncer.quorum_reached(able=4)
+  assert syncer.quorum_reached(able=1) and syncer.quorum(1) == 1  # only one learner can still report
+  syncer.receive(_report(1, params))
+  assert syncer.quorum_reached(able=4) and syncer.quorum(4) == 2
+  assert [r.learner for r in syncer.take_pending()] == [0, 1] and not syncer.pending
+  assert syncer.quorum(0) == 1
+
+
+def test_adaptive_grace_is_the_overlap_slack_capped_by_the_first_learner_that_needs_theta():
+  cfg = OuterConfig(grace="adaptive", grace_gamma=1.0)
+  syncer = Syncer(cfg, {"w": jnp.zeros(3)}, num_learners=4, overlap_steps=3)
+  syncer.observe_round(2.0)  # 3 overlap steps of 2 s hide 6 s
+  syncer.receive(Report(0, {"w": jnp.ones(3)}, 10, 1, 0, loss=1.0, sent_at=10.0))
+  syncer.observe_quorum(11.0)  # 1 s from the first report to quorum
+  syncer.observe_sync(2.0)
+  assert syncer.grace_seconds(11.0, needs_theta_at=[100.0]) == pytest.approx(3.0)  # 6 - 1 - 2
+  assert syncer.grace_seconds(11.0, needs_theta_at=[14.5]) == pytest.approx(1.5)  # 14.5 - 11 - 2
+  assert syncer.grace_seconds(11.0, needs_theta_at=[12.0]) == 0.0
+  fixed = Syncer(dataclasses.replace(cfg, grace="fixed", grace_seconds=4.0), {"w": jnp.zeros(3)}, 4)
+  assert fixed.grace_seconds(0.0, needs_theta_at=[100.0]) == 4.0
+  assert _syncer(grace="none").grace_seconds(0.0, needs_theta_at=[100.0]) == 0.0
+
+
+def test_outer_step_with_unit_sgd_moves_theta_by_the_scaled_merged_outer_gradient():
+  tx = optax.sgd(1.0)
+  theta = {"w": jnp.array([1.0, 2.0])}
+  deltas = [{"w": jnp.array([0.5, 0.0])}, {"w": jnp.array([1.5, 2.0])}]
+  new, _, norm = outer_step(theta, tx.init(theta), deltas, jnp.array([1.0, 3.0]), jnp.float32(0.5), tx=tx,
+                            method="mean", mean_for=None)
+  # Weighted mean of the deltas: (1.25, 1.5); half of it is the step.
+  np.testing.assert_allclose(new["w"], [1.0 - 0.625, 2.0 - 0.75])
+  assert float(norm) == pytest.approx(np.hypot(0.625, 0.75))

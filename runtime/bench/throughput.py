@@ -24,13 +24,14 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
 from runtime import devices as devices_lib
-from runtime.config import FaultConfig, RunConfig, with_mode
+from runtime.config import RunConfig, with_mode
 from runtime.errors import ConfigError
 from runtime.experiment import Experiment
 from runtime.optim import inner_optimizer
-from runtime.report import summary_table
-from runtime.train import prepare, train_one
-from runtime.train_step import TrainState, init_state, make_round
+from runtime.faults.plan import FaultConfig
+from runtime.modes import prepare, train_one
+from runtime.summary import summary_table
+from runtime.programs import TrainState, init_state, make_round
 
 BENCHMARKS = ("dp_overhead", "decoupled_vs_dp")
 TARGET = 0.95  # each ratio should reach this
@@ -182,7 +183,7 @@ def hand_learners_tokens_per_second(run: RunConfig, exp: Experiment, rounds: int
 
 
 def launcher_dp_tokens_per_second(run: RunConfig, exp: Experiment, skip_steps: int) -> float:
-  """`runtime.dp.train_dp` through the launcher's entry point, timed from its records."""
+  """`runtime.baselines.dp.train_dp` through the launcher's entry point, timed from its records."""
   return dp_tokens_per_second(train_one(run, exp, None, "dp").records, skip_steps)
 
 
@@ -233,17 +234,21 @@ def run(config: ml_collections.ConfigDict, bench: BenchConfig) -> dict[str, floa
   exp = Experiment(base)
   dp = with_mode(dataclasses.replace(base, total_steps=bench.dp_steps, eval_every=bench.dp_steps + 1), "dp")
   medians = {}
+
+  def emit(name: str, title: str, rows: list[dict[str, float]], numerator: str, denominator: str,
+           target: float | None = TARGET) -> None:
+    text, medians[name] = format_result(f"{name}: {title}", rows, numerator, denominator, target=target)
+    print(text, flush=True)
+
   if bench.which in ("dp_overhead", "all"):
     rows = alternate({
         "launcher": lambda: launcher_dp_tokens_per_second(dp, exp, bench.skip_steps),
         "hand": lambda: hand_dp_tokens_per_second(dp, exp, bench.skip_steps, bench.hand_steps),
     }, bench.repeats)
-    title = (f"dp_overhead: runtime.dp.train_dp ({bench.dp_steps} steps, timed from step {bench.skip_steps}) "
-             f"vs a hand-written jitted loop ({bench.hand_steps} steps after {bench.skip_steps}); "
-             f"{dp.num_devices} devices, global batch {dp.data.batch_size}, "
-             f"model d={dp.model.d_model} x {dp.model.num_layers} layers")
-    text, medians["dp_overhead"] = format_result(title, rows, "launcher", "hand")
-    print(text, flush=True)
+    emit("dp_overhead", f"runtime.baselines.dp.train_dp ({bench.dp_steps} steps, timed from step "
+         f"{bench.skip_steps}) vs a hand-written jitted loop ({bench.hand_steps} steps after {bench.skip_steps}); "
+         f"{dp.num_devices} devices, global batch {dp.data.batch_size}, "
+         f"model d={dp.model.d_model} x {dp.model.num_layers} layers", rows, "launcher", "hand")
   if bench.which in ("decoupled_vs_dp", "all"):
     decoupled = with_mode(dataclasses.replace(
         base, total_steps=bench.diloco_steps, eval_every=bench.diloco_steps + 1,
@@ -253,20 +258,16 @@ def run(config: ml_collections.ConfigDict, bench: BenchConfig) -> dict[str, floa
         "learners": lambda: hand_learners_tokens_per_second(decoupled, exp, bench.hand_rounds),
         "dp": lambda: launcher_dp_tokens_per_second(dp, exp, bench.skip_steps),
     }, bench.repeats)
-    title = (f"decoupled_vs_dp: real-clock Decoupled DiLoCo (M={decoupled.learners}, K={decoupled.outer.quorum}, "
-             f"H={decoupled.inner_steps}, {bench.diloco_steps} steps, first {bench.skip_rounds} rounds per learner "
-             f"and the drain untimed) vs DP ({bench.dp_steps} steps, timed from step {bench.skip_steps}); "
-             f"{decoupled.num_devices} devices, global batch {decoupled.data.batch_size}")
-    text, medians["decoupled_vs_dp"] = format_result(title, rows, "decoupled", "dp")
-    print(text, flush=True)
+    emit("decoupled_vs_dp", f"real-clock Decoupled DiLoCo (M={decoupled.learners}, K={decoupled.outer.quorum}, "
+         f"H={decoupled.inner_steps}, {bench.diloco_steps} steps, first {bench.skip_rounds} rounds per learner "
+         f"and the drain untimed) vs DP ({bench.dp_steps} steps, timed from step {bench.skip_steps}); "
+         f"{decoupled.num_devices} devices, global batch {decoupled.data.batch_size}", rows, "decoupled", "dp")
     # The same repeats, split: what the learners' programs alone reach, and the runtime's share of that.
-    title = (f"learners_vs_dp: the learners' round programs by hand ({decoupled.learners} loops, one per "
-             f"{decoupled.num_devices // decoupled.num_slices}-device slice, batch "
-             f"{decoupled.data.batch_size // decoupled.learners} each, {bench.hand_rounds} rounds of "
-             f"{decoupled.inner_steps} steps timed, no syncer) vs DP: what these devices allow M learners")
-    text, medians["learners_vs_dp"] = format_result(title, rows, "learners", "dp", target=None)
-    print(text, flush=True)
-    title = "decoupled_vs_learners: the runtime's share of what its learners' programs allow"
-    text, medians["decoupled_vs_learners"] = format_result(title, rows, "decoupled", "learners", target=None)
-    print(text, flush=True)
+    emit("learners_vs_dp", f"the learners' round programs by hand ({decoupled.learners} loops, one per "
+         f"{decoupled.num_devices // decoupled.num_slices}-device slice, batch "
+         f"{decoupled.data.batch_size // decoupled.learners} each, {bench.hand_rounds} rounds of "
+         f"{decoupled.inner_steps} steps timed, no syncer) vs DP: what these devices allow M learners",
+         rows, "learners", "dp", target=None)
+    emit("decoupled_vs_learners", "the runtime's share of what its learners' programs allow", rows, "decoupled",
+         "learners", target=None)
   return medians

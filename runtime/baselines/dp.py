@@ -12,7 +12,7 @@ from runtime import devices as devices_lib
 from runtime.config import RunConfig
 from runtime.experiment import Experiment, RunResult, Stopwatch, host, make_logger
 from runtime.optim import inner_optimizer
-from runtime.train_step import init_state, make_train_step
+from runtime.programs import init_state, make_train_step
 
 
 def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str = "dp") -> RunResult:

@@ -5,7 +5,7 @@ import math
 
 import ml_collections
 
-from runtime.errors import ConfigError
+from runtime.errors import check
 
 SECONDS_PER_DAY = 86_400.0
 SECONDS_PER_YEAR = 365.0 * SECONDS_PER_DAY
@@ -76,17 +76,11 @@ def setups(config: ClusterSimConfig) -> tuple[Setup, ...]:
   return tuple(rows)
 
 
-def _check(ok: bool, field: str, value: object, allowed: str) -> None:
-  """Raises ConfigError naming the field unless ok."""
-  if not ok:
-    raise ConfigError(field, value, allowed)
-
-
 def _number(field: str, value: object, minimum: float, strict: bool) -> float:
   """The value as a float, if it is a finite number above (or at) minimum."""
   ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
   ok = ok and (value > minimum if strict else value >= minimum)
-  _check(ok, field, value, f"a finite number {'>' if strict else '>='} {minimum}")
+  check(ok, field, value, f"a finite number {'>' if strict else '>='} {minimum}")
   return float(value)
 
 
@@ -99,7 +93,7 @@ def _int_tuple(field: str, value: object, minimum: int) -> tuple[int, ...]:
   """The value as a non-empty tuple of ints, each at least minimum."""
   items = tuple(value) if isinstance(value, (tuple, list)) else ()
   ok = bool(items) and all(_is_int(v, minimum) for v in items)
-  _check(ok, field, value, f"a non-empty tuple of ints >= {minimum}")
+  check(ok, field, value, f"a non-empty tuple of ints >= {minimum}")
   return items
 
 
@@ -112,14 +106,14 @@ def from_config_dict(config: ml_collections.ConfigDict) -> ClusterSimConfig:
   number |= {f: _number(f, config[f], 0.0, strict=False)
              for f in ("repair_s", "restart_s", "reconfig_s", "speed_jitter")}
   for field in ("slice_chips", "checkpoint_every_steps", "sync_every_steps", "seeds"):
-    _check(_is_int(config[field], 1), field, config[field], "an int >= 1")
-  _check(_is_int(config.seed, 0), "seed", config.seed, "an int >= 0")
-  _check(_is_int(config.quorum, 1) and config.quorum <= min(learners), "quorum", config.quorum,
+    check(_is_int(config[field], 1), field, config[field], "an int >= 1")
+  check(_is_int(config.seed, 0), "seed", config.seed, "an int >= 0")
+  check(_is_int(config.quorum, 1) and config.quorum <= min(learners), "quorum", config.quorum,
          f"an int in [1, min(learners) = {min(learners)}]")
-  _check(config.learner_recovery in LEARNER_RECOVERIES, "learner_recovery",
+  check(config.learner_recovery in LEARNER_RECOVERIES, "learner_recovery",
          config.learner_recovery, f"one of {LEARNER_RECOVERIES}")
-  _check(isinstance(config.calibrate, bool), "calibrate", config.calibrate, "True or False")
-  _check(config.calibration_chips in PAPER_CHIPS, "calibration_chips", config.calibration_chips,
+  check(isinstance(config.calibrate, bool), "calibrate", config.calibrate, "True or False")
+  check(config.calibration_chips in PAPER_CHIPS, "calibration_chips", config.calibration_chips,
          f"one of the paper's columns {PAPER_CHIPS}")
   return ClusterSimConfig(
       chips=chips, learners=learners, quorum=config.quorum, slice_chips=config.slice_chips,

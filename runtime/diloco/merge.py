@@ -7,9 +7,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from runtime.config import MERGE_METHODS
+
 PyTree = Any
 
-MERGE_METHODS = ("rda", "mean")
 # Norms at or below this count as zero: such a tensor has no direction.
 DEFAULT_EPS = 1e-12
 

@@ -14,11 +14,11 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
 from runtime import devices as devices_lib
-from runtime import faults as faults_lib
 from runtime.config import RunConfig
 from runtime.experiment import Experiment, RunResult, Stopwatch, make_logger
+from runtime.faults import plan
 from runtime.optim import inner_optimizer
-from runtime.train_step import init_state, make_train_step
+from runtime.programs import init_state, make_train_step
 
 
 class _Programs:
@@ -53,7 +53,7 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
   per_slice = run.data.batch_size // run.learners
   streams = [exp.shard(s, active, per_slice) for s in range(active)]
   tokens_per_slice_step = per_slice * run.data.seq_len
-  traces = [faults_lib.crash_times(f, s, run.seed) for s in range(len(slices))]
+  traces = [plan.crash_times(f, s, run.seed) for s in range(len(slices))]
   next_crash = [next(tr, float("inf")) for tr in traces]
   down_until = [0.0] * len(slices)
   step_s = run.clock.step_seconds * max(run.clock.speeds or (1.0,))

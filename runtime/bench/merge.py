@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from runtime import merge
+from runtime.diloco import merge
 from runtime.errors import ConfigError
 
 PyTree = Any

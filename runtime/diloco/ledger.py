@@ -1,18 +1,6 @@
-"""Moving averages and availability accounting."""
+"""Availability accounting: goodput (slice time whose work reached Θ) and uptime."""
 
-
-class Ema:
-  """Exponential moving average; 0 until the first update."""
-
-  def __init__(self, decay: float):
-    self.decay = decay
-    self.value = 0.0
-    self._seen = False
-
-  def update(self, x: float) -> float:
-    self.value = x if not self._seen else self.decay * self.value + (1 - self.decay) * x
-    self._seen = True
-    return self.value
+from typing import Sequence
 
 
 class Ledger:
@@ -33,3 +21,13 @@ class Ledger:
   def goodput(self, elapsed: float) -> float:
     """Useful chip-time over allocated chip-time (every slice, spares included, for `elapsed`)."""
     return self.useful_seconds / (self.num_slices * elapsed) if elapsed > 0 else 0.0
+
+
+def uptime(training: Sequence[tuple[float, float]], end: float) -> float:
+  """Fraction of [0, end] covered by at least one of the (start, end) spans of training toward Θ."""
+  covered, reach = 0.0, 0.0
+  for a, b in sorted(training):
+    if b > reach:
+      covered += b - max(a, reach)
+      reach = b
+  return covered / end if end > 0 else 1.0

@@ -48,11 +48,17 @@ class _Timeline:
   def __len__(self) -> int:
     return len(self._heap)
 
+  def without(self, predicate: Callable[[Event], bool]) -> "_Timeline":
+    """A timeline of the events that `predicate` rejects, in the same order."""
+    kept = _Timeline()
+    for at, _, event in sorted(self._heap):
+      if not predicate(event):
+        kept.push(at, event)
+    return kept
+
 
 class VirtualClock:
   """Deterministic time: work takes its modeled duration, whatever the host really spent."""
-
-  virtual = True
 
   def __init__(self, cfg: ClockConfig, num_learners: int, seed: int):
     self.cfg = cfg
@@ -85,7 +91,7 @@ class VirtualClock:
     self.after(modeled_seconds, event)
 
   def cancel(self, predicate: Callable[[Event], bool]) -> None:
-    self._timeline = _filtered(self._timeline, predicate)
+    self._timeline = self._timeline.without(predicate)
 
   def pending(self) -> int:
     return len(self._timeline)
@@ -95,14 +101,20 @@ class VirtualClock:
     self._now = at
     return at, event
 
+  def wall_stamp(self) -> dict:
+    """Nothing: virtual-time records must be bit-reproducible, so they carry no wall time."""
+    return {}
+
+  def virtual_seconds(self) -> float:
+    """Modeled seconds elapsed."""
+    return self._now
+
   def close(self) -> None:
     pass
 
 
 class RealClock:
   """Wall time: device programs and merges fire when they really finish."""
-
-  virtual = False
 
   def __init__(self, cfg: ClockConfig, num_learners: int, seed: int):
     del seed
@@ -116,6 +128,14 @@ class RealClock:
 
   def now(self) -> float:
     return time.perf_counter() - self._start
+
+  def wall_stamp(self) -> dict:
+    """The wall seconds since the start, for records that rates are computed from."""
+    return {"wall": self.now()}
+
+  def virtual_seconds(self) -> float:
+    """NaN: nothing is modeled."""
+    return float("nan")
 
   def close(self) -> None:
     self._waiters.shutdown(wait=False, cancel_futures=True)
@@ -142,7 +162,7 @@ class RealClock:
     self._watching.append((work, event))
 
   def cancel(self, predicate: Callable[[Event], bool]) -> None:
-    self._timeline = _filtered(self._timeline, predicate)
+    self._timeline = self._timeline.without(predicate)
     self._watching = [w for w in self._watching if not predicate(w[1])]
 
   def pending(self) -> int:
@@ -164,14 +184,6 @@ class RealClock:
         concurrent.futures.wait([w for w, _ in self._watching], timeout, concurrent.futures.FIRST_COMPLETED)
       else:
         time.sleep(timeout)
-
-
-def _filtered(timeline: _Timeline, predicate: Callable[[Event], bool]) -> _Timeline:
-  kept = _Timeline()
-  for at, _, event in sorted(timeline._heap):  # pylint: disable=protected-access
-    if not predicate(event):
-      kept.push(at, event)
-  return kept
 
 
 def make_clock(cfg: ClockConfig, num_learners: int, seed: int) -> VirtualClock | RealClock:

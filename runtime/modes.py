@@ -1,4 +1,4 @@
-"""Library entry points behind the launchers: one run, or every mode side by side at equal tokens."""
+"""The modes behind the launchers: one run in the mode its config names, or several side by side."""
 
 import dataclasses
 import os
@@ -8,7 +8,7 @@ import ml_collections
 from absl import logging
 
 from runtime import devices as devices_lib
-from runtime import report
+from runtime import summary
 from runtime.config import RunConfig, from_config_dict, with_mode
 from runtime.experiment import Experiment, RunResult, finish
 
@@ -24,12 +24,12 @@ def prepare(config: ml_collections.ConfigDict) -> RunConfig:
 def train_one(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str) -> RunResult:
   """Trains one run in the mode its config names."""
   if run.mode == "dp":
-    from runtime.dp import train_dp  # pylint: disable=g-import-not-at-top
+    from runtime.baselines.dp import train_dp  # pylint: disable=g-import-not-at-top
     return train_dp(run, exp, workdir, name)
   if run.mode in ("dp_elastic", "dp_restart"):
-    from runtime.dp_faults import train_dp_under_faults  # pylint: disable=g-import-not-at-top
+    from runtime.baselines.dp_faults import train_dp_under_faults  # pylint: disable=g-import-not-at-top
     return train_dp_under_faults(run, exp, workdir, name)
-  from runtime.controller import train_diloco  # pylint: disable=g-import-not-at-top
+  from runtime.diloco.controller import train_diloco  # pylint: disable=g-import-not-at-top
   return train_diloco(run, exp, workdir, name)
 
 
@@ -59,7 +59,7 @@ def chaos(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None) 
   """`launch.chaos`: Decoupled DiLoCo, elastic DP and DP on one fault trace, plus a failure-free run."""
   base = prepare(config)
   exp = Experiment(base)
-  calm = dataclasses.replace(base, faults=dataclasses.replace(base.faults, schedule="", mtbi_chip_seconds=0.0))
+  calm = dataclasses.replace(base, faults=dataclasses.replace(base.faults, schedule=(), mtbi_chip_seconds=0.0))
   runs = [("decoupled", with_mode(base, "decoupled")), ("dp_elastic", with_mode(base, "dp_elastic")),
           ("dp_restart", with_mode(base, "dp_restart")), ("decoupled_no_faults", calm)]
   results = []
@@ -68,7 +68,7 @@ def chaos(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None) 
     results.append(train_one(run, exp, workdir, name))
   if workdir is not None:
     details = results[0].details
-    report.plot_timeline(details["intervals"], [(t, "merge") for t in details["merge_times"]],
+    summary.plot_timeline(details["intervals"], [(t, "merge") for t in details["merge_times"]],
                          pathlib.Path(workdir) / "timeline.png", title="Decoupled DiLoCo under faults")
   print(finish(results, workdir, title=f"same fault trace, {base.token_budget:,}-token budget"))
   return results

@@ -1,0 +1,1 @@
+"""Benchmarks behind `launch.benchmark` and `launch.bench_merge`: commands, not tests."""

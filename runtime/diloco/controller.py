@@ -1,0 +1,350 @@
+"""The single controller: dispatches learners' rounds, feeds the syncer, redistributes Θ.
+
+One Python thread of control owns every slice. Each learner's round is an asynchronous device
+program whose output arrays are its future; the clock hands completions back in the order they
+happen (really, or in seeded virtual time). Merges run in the controller's worker thread while
+learners keep training. A failed slice is a removed future: its learner is marked down, its
+unmerged work is written off, and everyone else carries on; it rejoins from the current Θ.
+
+The controller is the event loop and nothing else: learners keep their own bookkeeping, the syncer its
+quorum and grace window, the slice pool its spares and repairs, the links their faults, the run log its records.
+"""
+
+import concurrent.futures
+import os
+
+import jax
+from absl import logging
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from models import lm
+from runtime import devices as devices_lib
+from runtime.config import RunConfig
+from runtime.diloco.clock import Event, make_clock
+from runtime.diloco.ledger import Ledger
+from runtime.diloco.learner import DONE, DOWN, TRAINING, WAITING, Learner
+from runtime.diloco.links import Links
+from runtime.diloco.run_log import RunLog
+from runtime.diloco.syncer import MergeResult, Syncer
+from runtime.experiment import Experiment, RunResult, make_logger
+from runtime.faults import injection
+from runtime.faults.plan import CrashPlan, crash_times, timed_events
+from runtime.optim import inner_optimizer
+from runtime.slice_pool import SlicePool
+
+
+class Controller:
+  """Runs Decoupled DiLoCo (or synchronous DiLoCo with quorum = M) to the token budget."""
+
+  def __init__(self, run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str):
+    self.run, self.exp, self.workdir, self.name = run, exp, workdir, name
+    f = run.faults
+    self.slices = devices_lib.make_slices(devices_lib.controller_devices(run.num_devices), run.num_slices)
+    self.host_mesh = devices_lib.slice_mesh([devices_lib.host_device()])
+    self.host_sharding = NamedSharding(self.host_mesh, P())
+    self.crashes = CrashPlan(f.schedule, [crash_times(f, s, run.seed) for s in range(len(self.slices))])
+    self.injector = injection.Injector(run.learners) if f.schedule or f.mtbi_chip_seconds > 0 else None
+    tx = inner_optimizer(run.inner, run.total_steps)
+    per_learner = run.data.batch_size // run.learners
+    self.learners = [Learner(m, m, self.slices[m], run, exp.shard(m, run.learners, per_learner), tx, self.injector)
+                     for m in range(run.learners)]
+    self.pool = SlicePool(len(self.slices), in_use=run.learners)
+    theta = jax.jit(lm.init_params, static_argnums=0, out_shardings=self.host_sharding)(
+        run.model, jax.random.key(run.seed))
+    self.syncer = Syncer(run.outer, theta, run.learners, run.overlap_steps)
+    self.clock = make_clock(run.clock, run.learners, run.seed)
+    self.links = Links(self.clock.transfer_seconds, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(theta)))
+    self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="syncer")
+    self.ledger = Ledger(num_slices=len(self.slices), chips_per_slice=f.chips_per_slice)
+    self.merge_state = "idle"  # "idle" | "scheduled" | "running"
+    self.tokens_dispatched = 0
+    self.reports_in_transit = 0
+
+  # The event loop ----------------------------------------------------------------------------------
+
+  def train(self) -> RunResult:
+    """Runs to the token budget and a final merge; returns the summary."""
+    with make_logger(self.run, self.workdir, self.name) as logger:
+      self.log = RunLog(self.run, self.exp, logger, self.name, self.host_mesh, self.links)
+      for s in range(len(self.slices)):
+        self._schedule_slice_crash(s)
+      for at, kind, m, payload in timed_events(self.run.faults.schedule):
+        self.clock.after(at, Event(kind, m, payload))
+      for learner in self.learners:
+        learner.reset(self.syncer.params, 0, 0.0)
+        self._start_round(learner)
+      while self._work_scheduled() or self.syncer.pending:
+        if not self._work_scheduled():
+          self._schedule_merge(0.0)  # the budget is spent: merge what is left, quorum or not
+        _, event = self.clock.next_event()
+        getattr(self, f"_on_{event.kind}")(event)  # each event kind has its handler, _on_<kind>
+      now = self.clock.now()
+      for learner in self.learners:
+        learner.set_status(DONE, now)
+        learner.close()
+      self.worker.shutdown()
+      self.clock.close()
+      if self.injector is not None:
+        injection.settle(self.injector, [self.slices[s] for s in self.pool.take_crashed()])
+      self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp(), force=True)
+      return self.log.result(self.learners, self.ledger, now, self.clock.virtual_seconds(), self.syncer.params)
+
+  def _work_scheduled(self) -> bool:
+    """True while a learner, a report or a merge is still on its way (fault timers don't count).
+
+    A waiting learner always has something coming (Θ, or its report's timeout); a down one its repair.
+    """
+    work_left = self.tokens_dispatched < self.run.token_budget  # else a repaired learner has nothing to do
+    return (self.merge_state != "idle" or self.reports_in_transit > 0
+            or any(l.status in (TRAINING, WAITING) or (l.status == DOWN and work_left) for l in self.learners))
+
+  # Learners ----------------------------------------------------------------------------------------
+
+  def _start_round(self, learner: Learner) -> None:
+    self._dispatch(learner, "main", self.run.inner_steps - self.run.overlap_steps)
+
+  def _dispatch(self, learner: Learner, kind: str, steps: int) -> bool:
+    """Dispatches a part of the learner's round within the token budget; False if none was dispatched."""
+    tokens = steps * learner.tokens_per_batch
+    if self.tokens_dispatched + tokens > self.run.token_budget:
+      learner.set_status(DONE if kind == "main" else WAITING, self.clock.now())
+      return False
+    now = self.clock.now()
+    modeled = sum(self.clock.step_seconds(learner.index) for _ in range(steps))
+    crash_at = self._arm_crash(learner, steps, modeled)
+    try:
+      part = learner.dispatch(kind, steps, now, modeled)
+    except Exception as error:  # pylint: disable=broad-except
+      if crash_at is None:
+        self._crash(learner, f"at dispatch: {injection.describe(error)}")
+        return False
+      # The armed program failed as it was enqueued; in modeled time the slice dies at crash_at.
+      learner.defer_failure(f"at dispatch: {injection.describe(error)}")
+      return True
+    self.tokens_dispatched += tokens
+    self.clock.on_done((part.state, part.metrics), modeled, Event("part_done", learner.index))
+    return True
+
+  def _arm_crash(self, learner: Learner, steps: int, modeled: float) -> float | None:
+    """Arms the device program to fail where a crash of its slice falls; returns that modeled time.
+
+    Without modeled time (the real clock) only step-scheduled crashes are armed; they surface when
+    the round is awaited.
+    """
+    if self.injector is None:
+      return None
+    now = self.clock.now()
+    crash = self.crashes.in_round(learner.index, learner.slice_index, learner.total_steps, steps, now, modeled)
+    self.injector.arm(learner.index, None if crash is None else crash.step)
+    if crash is None or not modeled:
+      return None
+    if crash.fault is not None:
+      self.clock.after(crash.at - now, Event("learner_crash", learner.index, crash.fault))
+    return crash.at
+
+  def _on_part_done(self, event: Event) -> None:
+    learner, now = self.learners[event.learner], self.clock.now()
+    try:
+      part = learner.collect(now)
+    except Exception as error:  # pylint: disable=broad-except
+      self._crash(learner, f"awaiting its round: {injection.describe(error)}")
+      return
+    self.syncer.observe_round((part.modeled_seconds or now - part.started_at) / part.steps)
+    if part.kind == "main":
+      self._send_report(learner, now)
+      if self.run.overlap_steps and self._dispatch(learner, "overlap", self.run.overlap_steps):
+        return
+      learner.set_status(WAITING, now)
+    elif learner.inbox is not None:
+      self._adopt(learner)
+    else:
+      learner.set_status(WAITING, now)
+
+  def _send_report(self, learner: Learner, now: float) -> None:
+    report = learner.report(now, self.host_sharding)
+    delay = self.links.send_up(learner.index, now)
+    if delay is None:  # as if never sent: the learner times out and trains it again
+      self.log.fault("link_drop", learner.index, now, f"report of {report.tokens} tokens lost")
+      self.ledger.lost(report.busy_seconds)
+      self.clock.after(self.run.faults.report_timeout_seconds, Event("report_timeout", learner.index, report))
+      return
+    learner.report_sent(report)
+    self.reports_in_transit += 1
+    self.clock.after(delay, Event("report_arrived", learner.index, report))
+
+  def _on_params_arrived(self, event: Event) -> None:
+    learner = self.learners[event.learner]
+    if learner.deliver(event.payload) and learner.status == WAITING:
+      self._adopt(learner)
+
+  def _adopt(self, learner: Learner) -> None:
+    """The learner adopts the Θ it was delivered and starts its next round."""
+    self._write_off(learner.adopt(self.clock.now()))
+    self._start_round(learner)
+
+  def _write_off(self, tokens: int) -> None:
+    """Tokens trained on but lost before reaching Θ go back into the budget (their data is served again)."""
+    self.tokens_dispatched -= tokens
+    for learner in self.learners:
+      if tokens and learner.status == DONE:  # finished learners take the returned budget
+        learner.set_status(WAITING, self.clock.now())
+        self._start_round(learner)
+
+  # The syncer ----------------------------------------------------------------------------------------
+
+  def _able(self) -> int:
+    """Learners that can still report."""
+    return sum(l.status not in (DOWN, DONE) for l in self.learners)
+
+  def _grace_seconds(self) -> float:
+    now, step = self.clock.now(), self.syncer.xi_step.value
+    needs_theta_at = [self.learners[r.learner].needs_theta_at(now, step) for r in self.syncer.pending]
+    return self.syncer.grace_seconds(now, needs_theta_at)
+
+  def _on_report_arrived(self, event: Event) -> None:
+    self.reports_in_transit -= 1
+    self.syncer.receive(event.payload)
+    self._maybe_merge()
+
+  def _maybe_merge(self) -> None:
+    if self.merge_state == "idle" and self.syncer.quorum_reached(self._able()):
+      self.syncer.observe_quorum(self.clock.now())
+      self._schedule_merge(self._grace_seconds())
+
+  def _schedule_merge(self, delay: float) -> None:
+    self.merge_state = "scheduled"
+    self.clock.after(delay, Event("merge_due"))
+
+  def _on_merge_due(self, _: Event) -> None:
+    if not self.syncer.pending:
+      self.merge_state = "idle"
+      return
+    reports = self.syncer.take_pending()
+    self.merge_state = "running"
+    future = self.worker.submit(self.syncer.compute, reports)
+    self.clock.on_done(future, self.run.clock.merge_seconds,
+                       Event("merge_done", payload=(future, reports, self.clock.now())))
+
+  def _on_merge_done(self, event: Event) -> None:
+    future, reports, started = event.payload
+    result: MergeResult = future.result()
+    now = self.clock.now()
+    self.syncer.commit(result, [l.base_version for l in self.learners])
+    self.merge_state = "idle"
+    transfer = self.links.down_seconds()
+    self.syncer.observe_sync(2 * transfer + now - started)  # report up, merge, Θ down
+    quarantined = dict(result.quarantined)
+    for report in reports:
+      merged = report.learner not in quarantined
+      self.learners[report.learner].report_settled(report, merged)
+      if merged:
+        self.log.merged(report)
+        self.ledger.useful(report.busy_seconds)
+      else:
+        self.log.fault("quarantine", report.learner, now, quarantined[report.learner])
+        self._write_off(report.tokens)
+        self.ledger.lost(report.busy_seconds)
+      self.links.sent_down()
+      verdict = "merged" if merged else "quarantined"
+      self.clock.after(transfer, Event("params_arrived", report.learner, self.syncer.answer(report, verdict)))
+    for m, s in self.pool.held():
+      if not self.learners[m].reports_out:
+        self._rejoin(self.learners[m], s)
+    self.log.merge(result, reports, now, self.clock.wall_stamp(), self.learners, self._grace_seconds(),
+                   self.syncer.quorum(self._able()), self.ledger.goodput(now))
+    self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp())
+    self._maybe_merge()
+
+  # Faults --------------------------------------------------------------------------------------------
+
+  def _schedule_slice_crash(self, slice_index: int) -> None:
+    at = self.crashes.next_slice_crash(slice_index)
+    if at is not None:
+      self.clock.after(at - self.clock.now(), Event("slice_crash", payload=slice_index))
+
+  def _on_slice_crash(self, event: Event) -> None:
+    s = event.payload
+    self.crashes.happened("slice", s)
+    owner = next((l for l in self.learners if l.slice_index == s and l.status != DOWN), None)
+    if owner is not None:
+      self._crash(owner, "slice interrupted")
+    else:
+      self.pool.failed_idle(s)
+      self.clock.after(self.run.faults.repair_seconds, Event("slice_repaired", payload=s))
+
+  def _on_learner_crash(self, event: Event) -> None:
+    self.crashes.happened("learner", event.learner)
+    learner = self.learners[event.learner]
+    if learner.status not in (DOWN, DONE):
+      self._crash(learner, "scheduled crash", repair=event.payload.repair if event.payload.repair >= 0 else None)
+
+  def _crash(self, learner: Learner, why: str, repair: float | None = None) -> None:
+    """Removes the learner's future, writes off its unmerged work, and arranges its return."""
+    now, m = self.clock.now(), learner.index
+    failure = learner.fail(now)
+    why += failure.detail
+    self.crashes.fired(m)
+    self._write_off(failure.unmerged_tokens)
+    self.ledger.lost(failure.lost_seconds)
+    if self.injector:
+      self.injector.disarm(m)
+    self.clock.cancel(lambda e: e.learner == m and e.kind in ("part_done", "params_arrived"))
+    self.log.fault("crash", m, now, why)
+    logging.info("learner %d down at t=%.1f: %s", m, now, why)
+    self.pool.crashed(failure.slice_index)
+    repair = self.run.faults.repair_seconds if repair is None else repair
+    self.clock.after(repair, Event("slice_repaired", payload=failure.slice_index))
+    spare = self.pool.take_spare()
+    if spare is not None:
+      self.clock.after(self.run.faults.spare_swap_seconds, Event("rejoin", m, spare))
+    else:
+      self.pool.wait(m)
+    self._maybe_merge()
+
+  def _on_slice_repaired(self, event: Event) -> None:
+    self._schedule_slice_crash(event.payload)
+    learner = self.pool.repaired(event.payload)
+    if learner is not None:
+      self._rejoin(self.learners[learner], event.payload)
+
+  def _on_rejoin(self, event: Event) -> None:
+    self._rejoin(self.learners[event.learner], event.payload)
+
+  def _rejoin(self, learner: Learner, slice_index: int) -> None:
+    """The learner comes back on a healthy slice: current Θ, fresh inner state, data after its last report.
+
+    While a report it sent before failing is still on its way, the rejoin waits for that report's
+    merge: if the syncer quarantines it, its data must be served again, so where the shard resumes
+    is only known then.
+    """
+    if self.pool.is_repairing(slice_index):  # the spare failed during the swap: wait for the next slice
+      self.pool.wait(learner.index, first=True)
+      return
+    if learner.reports_out:
+      self.pool.hold(learner.index, slice_index)
+      return
+    self.pool.release(learner.index)
+    learner.rejoin(slice_index, self.slices[slice_index], self.syncer.params, self.syncer.version, self.clock.now())
+    self.log.fault("rejoin", learner.index, self.clock.now(), f"on slice {slice_index}")
+    self._start_round(learner)
+
+  def _on_straggler(self, event: Event) -> None:
+    self.clock.set_slowdown(event.learner, event.payload)
+    self.log.fault("straggler", event.learner, self.clock.now(), f"slowdown x{event.payload:g}")
+
+  def _on_corrupt(self, event: Event) -> None:
+    self.learners[event.learner].corrupt_next_report(event.payload)
+    self.log.fault("corrupt", event.learner, self.clock.now(), f"next report: {event.payload}")
+
+  def _on_link(self, event: Event) -> None:
+    self.links.fail(event.learner, *event.payload)
+    self.log.fault("link", event.learner, self.clock.now(), f"{event.payload[1]} until t={event.payload[0]:g}")
+
+  def _on_report_timeout(self, event: Event) -> None:
+    """A learner whose report was lost pulls the current Θ and trains that data again."""
+    self._on_params_arrived(Event("params_arrived", event.learner, self.syncer.answer(event.payload, "lost")))
+
+
+def train_diloco(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str) -> RunResult:
+  """Decoupled (quorum K) or synchronous (K = M) DiLoCo under one controller."""
+  return Controller(run, exp, workdir, name).train()

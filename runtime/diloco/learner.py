@@ -1,0 +1,286 @@
+"""A learner: one slice's mesh, data shard, parameters and inner AdamW state, and its rounds.
+
+A round is the learner's work between two receipts of Θ: H inner steps, dispatched as a main part of
+H − τ steps that ends in a report, and an overlap part of τ steps that trains while the report syncs.
+The learner keeps its own bookkeeping (tokens and steps since Θ, where its data stands, what it has
+reported); the controller only asks it to dispatch, collect, report, adopt Θ, fail and rejoin.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from models import lm
+from runtime import data as data_lib
+from runtime import devices as devices_lib
+from runtime.config import RunConfig
+from runtime.diloco.messages import Delivery, Report
+from runtime.faults import injection
+from runtime.programs import TrainState, init_state, make_round
+
+PyTree = Any
+
+TRAINING, WAITING, DOWN, DONE = "training", "waiting", "down", "done"
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundPart:
+  """A dispatched part of a round: its futures and what it consumed."""
+
+  kind: str  # "main": ends in a report; "overlap": trains while the report syncs
+  steps: int
+  tokens: int
+  started_at: float
+  modeled_seconds: float  # 0 when time is not modeled (real clock)
+  state: TrainState
+  metrics: dict
+
+  def ends_at(self, seconds_per_step: float) -> float:
+    """When the part finishes: modeled, or estimated from a typical step time."""
+    return self.started_at + (self.modeled_seconds or self.steps * seconds_per_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+  """What a learner's crash cost: its slice, the device error, and the work that never reached Θ."""
+
+  slice_index: int
+  detail: str  # ", awaiting its round: ..." or similar, appended to the crash's cause
+  unmerged_tokens: int  # tokens trained (or in flight) since the last report
+  lost_seconds: float  # busy slice time of a round that had sent no report
+
+
+class Learner:
+  """Owns one slice; all device work is dispatched asynchronously and awaited only in `collect`."""
+
+  def __init__(self, index: int, slice_index: int, devices: list[jax.Device], run: RunConfig,
+               stream: data_lib.ShardIterator, tx: optax.GradientTransformation,
+               injector: injection.Injector | None = None):
+    self.index = index
+    self.run = run
+    self.tx = tx
+    self.injector = injector
+    self.tokens_per_batch = stream.tokens_per_batch
+    self._data = data_lib.Prefetcher(stream, depth=run.data.prefetch)
+    self.move_to(slice_index, devices)
+    self.state: TrainState | None = None
+    self.status = WAITING
+    self.inflight: RoundPart | None = None
+    self.inbox: Delivery | None = None  # received but not yet adopted (the learner was busy)
+    self.tokens = 0  # since Θ was last received
+    self.steps = 0
+    self.round = 0  # counts receipts of Θ; a report and its answer carry it
+    self.base_version = 0
+    self.total_steps = 0  # inner steps ever trained: drives the inner schedule and step-scheduled crashes
+    self.busy_seconds = 0.0
+    self.last_loss = float("nan")
+    self.reports_out = 0  # reports sent and not yet merged or quarantined
+    self.completions: list[tuple[float, int]] = []  # (time, inner steps) of every finished part
+    self.intervals: list[tuple[str, float, float, str]] = []
+    self._round_busy = 0.0  # busy seconds of this round's main part
+    self._reported_tokens = 0  # tokens of this round that went into a report
+    self._round_start: dict = self._data.state()  # data position when Θ was last received
+    self._reported_position: dict = self._round_start  # data position at the end of the last report
+    self._deferred_failure = ""  # the device error of a program that failed at dispatch, until its crash
+    self._corrupt_next = ""  # fault injection: corrupt the next report ("nan", "inf", "huge")
+    self._finished_at = float("nan")
+    self._state_since = 0.0
+
+  # Placement ---------------------------------------------------------------------------------------
+
+  def move_to(self, slice_index: int, devices: list[jax.Device]) -> None:
+    """Binds the learner to a slice: its mesh, shardings and (re)compiled round program."""
+    self.slice_index = slice_index
+    self.mesh = devices_lib.slice_mesh(devices)
+    self.param_sharding = lm.param_shardings(self.run.model, self.mesh, self.run.fsdp)
+    self.batch_sharding = NamedSharding(self.mesh, P(None, "data"))
+    hook = injection.device_check(self.injector, self.index, self.mesh) if self.injector else None
+    self._round_program = jax.jit(make_round(self.run.model, self.tx, hook), donate_argnums=0)
+    self._init = jax.jit(lambda p, step: init_state(p, self.tx, step))
+
+  def reset(self, theta_host: PyTree, version: int, now: float) -> None:
+    """Starts from Θ with fresh inner optimizer state (initial start, rejoin, quarantine)."""
+    params = _copy_to(theta_host, self.param_sharding)
+    self.state = self._init(params, self.total_steps)
+    self._new_round(version, now)
+
+  # Rounds -----------------------------------------------------------------------------------------
+
+  def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float) -> RoundPart:
+    """Enqueues `steps` inner steps as one device program and returns at once (may raise)."""
+    batches_HxBxT = np.stack([next(self._data) for _ in range(steps)])
+    tokens = steps * batches_HxBxT.shape[1] * (batches_HxBxT.shape[2] - 1)
+    self.set_status(TRAINING, now)
+    batches_HxBxT = jax.device_put(batches_HxBxT, self.batch_sharding)
+    state, metrics = self._round_program(self.state, batches_HxBxT)
+    self.inflight = RoundPart(kind, steps, tokens, now, modeled_seconds, state, metrics)
+    self.state = state
+    return self.inflight
+
+  def defer_failure(self, detail: str) -> None:
+    """The armed program failed as it was enqueued; the failure takes effect at its modeled crash."""
+    self._deferred_failure = detail
+
+  def collect(self, now: float) -> RoundPart:
+    """Awaits the in-flight part (raising the device error if it failed) and books its work."""
+    part = self.inflight
+    loss_H = np.asarray(jax.device_get(part.metrics["loss"]))
+    self.inflight = None
+    busy = part.modeled_seconds if part.modeled_seconds else now - part.started_at
+    self.tokens += part.tokens
+    self.steps += part.steps
+    self.total_steps += part.steps
+    self.busy_seconds += busy
+    if part.kind == "main":
+      self._round_busy += busy
+    self.last_loss = float(loss_H.mean())
+    self.completions.append((now, part.steps))
+    return part
+
+  def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
+    """When the learner will wait for Θ: the end of its overlap part (now, if it is already waiting)."""
+    part = self.inflight
+    return now if part is None or part.kind != "overlap" else part.ends_at(seconds_per_step)
+
+  # Reports and Θ ----------------------------------------------------------------------------------
+
+  def corrupt_next_report(self, how: str) -> None:
+    self._corrupt_next = how
+
+  def report(self, now: float, host_sharding: jax.sharding.Sharding) -> Report:
+    """θ_m and what it was trained on since Θ, copied explicitly onto the syncer's host device."""
+    params = _copy_to(self.state.params, host_sharding)
+    if self._corrupt_next:
+      params, self._corrupt_next = injection.corrupt(params, self._corrupt_next), ""
+    return Report(self.index, params, self.tokens, self.steps, self.base_version, self.last_loss, sent_at=now,
+                  data_start=self._round_start, data_end=self._data.state(), busy_seconds=self._round_busy,
+                  round=self.round)
+
+  def report_sent(self, report: Report) -> None:
+    """The report is on its way: its data counts as reported until the syncer answers."""
+    self._reported_position, self._reported_tokens = report.data_end, report.tokens
+    self.reports_out += 1
+
+  def report_settled(self, report: Report, merged: bool) -> None:
+    """The syncer merged or quarantined the report; a quarantined report's data is trained again."""
+    self.reports_out -= 1
+    if not merged and report.round == self.round:
+      self._reported_position = report.data_start  # its data is trained again, even after a crash
+
+  def deliver(self, delivery: Delivery) -> bool:
+    """Keeps Θ for adoption unless the learner is down or has moved past the round it answers."""
+    if self.status == DOWN or delivery.round != self.round:
+      return False
+    self.inbox = delivery
+    return True
+
+  def adopt(self, now: float) -> int:
+    """Adopts the Θ in the inbox; returns the tokens written off (trained on but never reported)."""
+    delivery, overwrite = self.inbox, self.run.outer.receive == "overwrite"
+    unreported = self.tokens - self._reported_tokens  # overlap steps after the report
+    written_off = 0
+    if delivery.rewind_to is not None:
+      self._data.restore(delivery.rewind_to)
+      written_off = unreported
+    elif overwrite and unreported:
+      self._data.restore(self._reported_position)  # overlap steps were overwritten: serve their data again
+      written_off = unreported
+    if delivery.reset:
+      self.reset(delivery.params, delivery.version, now)
+    else:
+      theta = _copy_to(delivery.params, self.param_sharding)
+      if not overwrite and self.run.outer.mix_alpha:  # Streaming-DiLoCo mixing with the local parameters
+        theta = _mix(theta, self.state.params, jnp.float32(self.run.outer.mix_alpha))
+      self.state = self.state.replace(params=theta)
+      self._new_round(delivery.version, now)
+    return written_off
+
+  def _new_round(self, version: int, now: float) -> None:
+    self.round += 1
+    self.tokens = self.steps = self._reported_tokens = 0
+    self._round_busy = 0.0
+    self.base_version = version
+    self.inbox = None
+    self._round_start = self._data.state()
+    self.set_status(WAITING, now)
+
+  # Failure and return -----------------------------------------------------------------------------
+
+  def fail(self, now: float) -> Failure:
+    """The learner's slice failed: its future is dropped, its unreported work is lost, and it leaves
+    the slice. A round whose time is modeled is awaited first, so its device error surfaces."""
+    detail, part = "", self.inflight
+    if part is not None and part.modeled_seconds and self.injector is not None:
+      try:
+        self.collect(now)  # the armed program fails here, a genuine device error
+        detail = " (its round had completed)"
+      except Exception as error:  # pylint: disable=broad-except
+        detail = f", awaiting its round: {injection.describe(error)}"
+    elif self._deferred_failure:
+      detail = f", {self._deferred_failure}"
+    self._deferred_failure = ""
+    part, self.inflight = self.inflight, None
+    lost = part.tokens if part else 0
+    failure = Failure(self.slice_index, detail, lost + self.tokens - self._reported_tokens,
+                      0.0 if self._reported_tokens else self._round_busy)
+    self.inbox = None
+    self.set_status(DOWN, now)
+    self.slice_index = -1
+    return failure
+
+  def rejoin(self, slice_index: int, devices: list[jax.Device], theta_host: PyTree, version: int,
+             now: float) -> None:
+    """Back on a healthy slice: Θ, fresh inner state, data from the end of its last report."""
+    if slice_index != self.slice_index:
+      self.move_to(slice_index, devices)
+    self._data.restore(self._reported_position)
+    self.reset(theta_host, version, now)
+
+  # Bookkeeping ------------------------------------------------------------------------------------
+
+  def busy_fraction(self, now: float) -> float:
+    """Share of the learner's active span (start to finishing its budget) spent training."""
+    span = self._finished_at if self.status == DONE else now
+    return self.busy_seconds / span if span > 0 else 1.0
+
+  def set_status(self, status: str, now: float) -> None:
+    """Moves to `status`, closing the timeline interval of the previous one."""
+    if status == self.status == DONE:
+      return
+    if status == DONE:
+      self._finished_at = now
+    if now > self._state_since and self.status != DONE:
+      self.intervals.append((f"learner {self.index}", self._state_since, now, self.status))
+    self.status, self._state_since = status, now
+
+  def close(self) -> None:
+    self._data.close()
+
+
+@jax.jit
+def _fresh_copy(tree: PyTree) -> PyTree:
+  return jax.tree.map(jnp.copy, tree)
+
+
+def _copy_to(tree: PyTree, sharding: jax.sharding.Sharding) -> PyTree:
+  """A transfer whose result shares no buffer with its source.
+
+  The learner donates its buffers to each round and the syncer keeps Θ's history, so neither may
+  alias the other; device_put between overlapping CPU device sets reuses the shared device's buffer
+  even with may_alias=False, hence a copy program. Copies to the host run on the host's single device:
+  a copy on the learner's slice queued behind the rounds dispatched before it (XLA:CPU appeared to run
+  one multi-device program at a time), and the learner's report with it.
+  """
+  if len(jax.tree.leaves(sharding)[0].device_set) == 1:
+    return _fresh_copy(jax.device_put(tree, sharding))
+  return jax.device_put(_fresh_copy(tree), sharding)
+
+
+@jax.jit
+def _mix(theta: PyTree, local: PyTree, alpha: jax.Array) -> PyTree:
+  return jax.tree.map(lambda g, l: (1 - alpha) * g + alpha * l, theta, local)

@@ -1,0 +1,36 @@
+"""The links between learners and the syncer: what a transfer costs in modeled time and bytes, and
+link faults (reports delayed until the link is back, or dropped)."""
+
+from typing import Callable
+
+
+class Links:
+  """Every learner's link to the syncer; each report up and each Θ down carries the full model."""
+
+  def __init__(self, transfer_seconds: Callable[[int], float], param_bytes: int):
+    self._transfer_seconds = transfer_seconds
+    self.param_bytes = param_bytes
+    self.bytes_up = self.bytes_down = 0
+    self._faults: dict[int, tuple[float, str]] = {}  # learner -> (until, "delay" | "drop")
+
+  def fail(self, learner: int, until: float, mode: str) -> None:
+    """The learner's link delays or drops reports until `until`."""
+    self._faults[learner] = (until, mode)
+
+  def send_up(self, learner: int, now: float) -> float | None:
+    """Seconds until a report sent now reaches the syncer, or None when the link drops it."""
+    self.bytes_up += self.param_bytes
+    delay = self._transfer_seconds(self.param_bytes)
+    until, mode = self._faults.get(learner, (-1.0, ""))
+    if now < until and mode == "drop":
+      return None
+    if now < until:
+      delay += until - now
+    return delay
+
+  def down_seconds(self) -> float:
+    """Seconds for Θ to reach a learner."""
+    return self._transfer_seconds(self.param_bytes)
+
+  def sent_down(self) -> None:
+    self.bytes_down += self.param_bytes

@@ -1,0 +1,34 @@
+"""What learners and the syncer send each other: a Report up, a Delivery of Θ down."""
+
+import dataclasses
+from typing import Any
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """One learner's progress since it last received Θ."""
+
+  learner: int
+  params: PyTree  # θ_m, already on the host
+  tokens: int  # c_tokens since the learner last received Θ
+  steps: int  # c_steps since the learner last received Θ
+  base_version: int  # the outer step of the Θ the learner started from
+  loss: float
+  sent_at: float
+  data_start: dict = dataclasses.field(default_factory=dict)  # the learner's data position range
+  data_end: dict = dataclasses.field(default_factory=dict)  # ... that this report trained on
+  busy_seconds: float = 0.0  # slice time spent on this report's inner steps
+  round: int = 0  # the learner's round it closes
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+  """Θ on its way to a learner, and how to adopt it."""
+
+  version: int
+  params: PyTree
+  round: int  # the learner's round this answers; a learner that moved on ignores it
+  reset: bool = False  # fresh inner state (rejoin, quarantined report)
+  rewind_to: dict | None = None  # serve the data from here again (its earlier work never reached Θ)

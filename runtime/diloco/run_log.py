@@ -1,0 +1,92 @@
+"""What a Decoupled DiLoCo run records: merge, eval and fault records as they happen, and its summary."""
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from runtime.config import RunConfig
+from runtime.diloco.learner import DOWN, TRAINING, Learner
+from runtime.diloco.ledger import Ledger, uptime
+from runtime.diloco.links import Links
+from runtime.diloco.messages import Report
+from runtime.diloco.syncer import MergeResult
+from runtime.experiment import Experiment, RunResult, Stopwatch
+from runtime.metrics import MetricsLogger
+
+PyTree = Any
+# Fault records that count as injected faults (the rest are their consequences: rejoin, quarantine, ...).
+INJECTED = ("crash", "straggler", "corrupt", "link")
+
+
+class RunLog:
+  """Tallies of what reached Θ (tokens, bytes, data ranges) and the records the run writes."""
+
+  def __init__(self, run: RunConfig, exp: Experiment, logger: MetricsLogger, name: str, mesh: jax.sharding.Mesh,
+               links: Links):
+    self.run, self.exp, self.logger, self.name, self.mesh, self.links = run, exp, logger, name, mesh, links
+    self.wall = Stopwatch()
+    self.tokens_merged = 0
+    self.merges: list[dict] = []
+    self.merge_times: list[float] = []
+    self.merged_ranges: list[tuple[int, int, int]] = []  # (learner, first batch, end batch) that reached Θ
+    self.faults: list[dict] = []
+    self.eval_loss = float("nan")
+    self._evaluated_version = -1
+    self._next_eval = run.eval_every * run.tokens_per_step
+
+  def fault(self, kind: str, learner: int, now: float, detail: str) -> None:
+    self.faults.append(self.logger.log("fault", dict(fault=kind, learner=learner, time=now, detail=detail)))
+
+  def merged(self, report: Report) -> None:
+    """The report's data reached Θ."""
+    self.merged_ranges.append((report.learner, report.data_start["position"], report.data_end["position"]))
+
+  def merge(self, result: MergeResult, reports: Sequence[Report], now: float, stamp: dict, learners: Sequence[Learner],
+            grace: float, quorum: int, goodput: float) -> None:
+    """The record of one outer step, with the learners' state at its end."""
+    self.tokens_merged += result.tokens
+    losses = [r.loss for r in reports if r.learner in result.merged]
+    record = dict(
+        version=result.version, tokens=self.tokens_merged, time=now, **stamp,
+        loss=float(np.mean(losses)) if losses else float("nan"), merged=list(result.merged),
+        num_merged=len(result.merged), quarantined=[m for m, _ in result.quarantined],
+        staleness=list(result.staleness), weights=list(result.weights), update_norm=result.update_norm,
+        busy=[l.busy_fraction(now) for l in learners], bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down,
+        grace=grace, quorum=quorum, goodput=goodput, alive=sum(l.status != DOWN for l in learners))
+    self.merges.append(self.logger.log("merge", record))
+    self.merge_times.append(now)
+
+  def evaluate(self, params: PyTree, version: int, now: float, stamp: dict, force: bool = False) -> None:
+    """Evaluates Θ when the merged tokens pass the next eval point, or now if forced (once per version)."""
+    if force and self._evaluated_version == version:
+      return
+    if force or self.tokens_merged >= self._next_eval:
+      self._evaluated_version = version
+      while self._next_eval <= self.tokens_merged:
+        self._next_eval += self.run.eval_every * self.run.tokens_per_step
+      self.eval_loss = self.exp.evaluate(params, self.mesh)
+      self.logger.log("eval", dict(version=version, tokens=self.tokens_merged, time=now, eval_loss=self.eval_loss,
+                                   **stamp))
+
+  def result(self, learners: Sequence[Learner], ledger: Ledger, now: float, virtual_seconds: float,
+             params: PyTree) -> RunResult:
+    """The run's summary row and the per-learner details behind it."""
+    now = max(now, 1e-9)
+    busy = [l.busy_fraction(now) for l in learners]
+    merged_counts = [m["num_merged"] for m in self.merges if m["num_merged"]]
+    intervals = [i for l in learners for i in l.intervals]
+    wall = self.wall()
+    return RunResult(
+        run=self.name, mode=self.run.mode, tokens=self.tokens_merged, final_eval_loss=self.eval_loss,
+        wall_seconds=wall, virtual_seconds=virtual_seconds, tokens_per_second=self.tokens_merged / wall,
+        records=self.logger.records, params=jax.device_get(params),
+        extras=dict(merges=len(self.merges), learners_per_merge=float(np.mean(merged_counts or [0])),
+                    busy_mean=float(np.mean(busy)), busy_min=float(np.min(busy)),
+                    goodput=ledger.goodput(now),
+                    uptime=uptime([(a, b) for _, a, b, state in intervals if state == TRAINING], now),
+                    faults=sum(f["fault"] in INJECTED for f in self.faults),
+                    bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down),
+        details=dict(busy=busy, intervals=intervals, merge_times=list(self.merge_times),
+                     merged_ranges=list(self.merged_ranges), faults=list(self.faults),
+                     completions=[list(l.completions) for l in learners]))

@@ -1,0 +1,216 @@
+"""The syncer: global parameters Θ, the outer optimizer, the quorum and the grace window, on the host CPU.
+
+Reports wait in the syncer until the quorum has reported (and, optionally, a grace window longer);
+then they are screened (non-finite or absurd deltas are quarantined, never merged), weighted by
+tokens, merged per tensor (RDA or mean), and applied as one outer step.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from runtime.config import OuterConfig
+from runtime.diloco import merge as merge_lib
+from runtime.diloco.messages import Delivery, Report
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeResult:
+  """What one outer step did."""
+
+  version: int  # Θ's version after this step (unchanged when every report was quarantined)
+  params: PyTree  # Θ and the outer optimizer's state after the step
+  opt_state: PyTree
+  merged: tuple[int, ...]  # learners whose reports were merged, and per merged report:
+  weights: tuple[float, ...]  # its merge weight,
+  staleness: tuple[int, ...]  # how many outer steps behind Θ its base was,
+  delta_norms: tuple[float, ...]  # and the norm of its outer gradient
+  quarantined: tuple[tuple[int, str], ...]  # (learner, why) of every report kept out of Θ
+  update_norm: float  # norm of the outer step applied to Θ
+  tokens: int  # tokens and inner steps the merged reports trained on
+  steps: int
+
+
+class Ema:
+  """Exponential moving average; 0 until the first update."""
+
+  def __init__(self, decay: float):
+    self.decay = decay
+    self.value = 0.0
+    self._seen = False
+
+  def update(self, x: float) -> float:
+    self.value = x if not self._seen else self.decay * self.value + (1 - self.decay) * x
+    self._seen = True
+    return self.value
+
+
+def outer_optimizer(cfg: OuterConfig) -> optax.GradientTransformation:
+  """SGD with (Nesterov) momentum on the outer gradient."""
+  return optax.sgd(cfg.lr, momentum=cfg.momentum or None, nesterov=cfg.nesterov and cfg.momentum > 0)
+
+
+def outer_deltas(refs: Sequence[PyTree], locals_: Sequence[PyTree]) -> tuple[list[PyTree], jax.Array]:
+  """Each learner's outer gradient Δ_m = Θ_ref − θ_m, and their global norms."""
+  deltas = [jax.tree.map(jnp.subtract, r, l) for r, l in zip(refs, locals_)]
+  return deltas, jnp.stack([merge_lib.global_norm(d) for d in deltas])
+
+
+def outer_step(theta: PyTree, opt_state: PyTree, deltas: Sequence[PyTree], weights: jax.Array, scale: jax.Array,
+               *, tx: optax.GradientTransformation, method: str,
+               mean_for: Callable[[str], bool] | None) -> tuple[PyTree, PyTree, jax.Array]:
+  """Θ' = Θ − outer_opt(scale · merge(Δ, w)); returns Θ', the optimizer state and the update's norm."""
+  delta = jax.tree.map(lambda d: d * scale, merge_lib.merge(deltas, weights, method=method, mean_for=mean_for))
+  updates, opt_state = tx.update(delta, opt_state, theta)
+  return optax.apply_updates(theta, updates), opt_state, merge_lib.global_norm(updates)
+
+
+class Syncer:
+  """Holds Θ, its history for learners still working from old versions, the outer optimizer, the
+  reports waiting to be merged, and the moving averages behind the grace window."""
+
+  def __init__(self, cfg: OuterConfig, params: PyTree, num_learners: int, overlap_steps: int = 0):
+    self.cfg = cfg
+    self.num_learners = num_learners
+    self.tx = outer_optimizer(cfg)
+    self.version = 0
+    self.params = params
+    self.opt_state = jax.jit(self.tx.init)(params)
+    self._overlap_steps = overlap_steps
+    self._history: dict[int, PyTree] = {0: params}
+    self._accepted_norm_ema: float | None = None
+    self._pending: list[Report] = []
+    # Moving averages of a learner's step time, the time from a first report to quorum, and a sync.
+    self.xi_step, self.xi_quorum, self.xi_sync = (Ema(cfg.ema_decay) for _ in range(3))
+    mean_for = merge_lib.is_embedding if cfg.embed_mean else None
+    self._deltas = jax.jit(outer_deltas)
+    # The deltas (argument 2) are temporaries of this merge.
+    self._step = jax.jit(functools.partial(outer_step, tx=self.tx, method=cfg.merge, mean_for=mean_for),
+                         donate_argnums=2)
+
+  # Reports and the quorum ------------------------------------------------------------------------
+
+  def receive(self, report: Report) -> None:
+    """A report has arrived; it waits for the next merge."""
+    self._pending.append(report)
+
+  @property
+  def pending(self) -> tuple[Report, ...]:
+    return tuple(self._pending)
+
+  def quorum(self, able: int) -> int:
+    """The quorum K, never more than the `able` learners that can still report."""
+    return max(1, min(self.cfg.quorum, able))
+
+  def quorum_reached(self, able: int) -> bool:
+    return bool(self._pending) and len(self._pending) >= self.quorum(able)
+
+  def take_pending(self) -> list[Report]:
+    """The reports of the merge that starts now."""
+    reports, self._pending = self._pending, []
+    return reports
+
+  # The grace window -------------------------------------------------------------------------------
+
+  def observe_round(self, seconds_per_step: float) -> None:
+    self.xi_step.update(seconds_per_step)
+
+  def observe_quorum(self, now: float) -> None:
+    """Quorum is reached now: time since the first waiting report was sent."""
+    self.xi_quorum.update(now - min(r.sent_at for r in self._pending))
+
+  def observe_sync(self, seconds: float) -> None:
+    """One sync took `seconds`: report up, merge, Θ down."""
+    self.xi_sync.update(seconds)
+
+  def grace_seconds(self, now: float, needs_theta_at: Sequence[float]) -> float:
+    """Extra wait after quorum: fixed, or the learners' overlap slack not used by quorum and sync.
+
+    Never past the moment a waiting report's learner would finish its overlap and wait for Θ
+    (`needs_theta_at`, one time per waiting report).
+    """
+    if self.cfg.grace == "fixed":
+      grace = self.cfg.grace_seconds
+    elif self.cfg.grace == "adaptive":
+      slack = self._overlap_steps * self.xi_step.value - self.xi_quorum.value - self.xi_sync.value
+      grace = self.cfg.grace_gamma * max(slack, 0.0)
+    else:
+      return 0.0
+    deadlines = [t - now - self.xi_sync.value for t in needs_theta_at]
+    return max(0.0, min([grace, *deadlines]))
+
+  # The outer step ---------------------------------------------------------------------------------
+
+  def reference(self, report: Report) -> PyTree:
+    """The Θ that a report's outer gradient is measured against."""
+    return self.params if self.cfg.outer_grad_base == "current" else self._history[report.base_version]
+
+  def compute(self, reports: Sequence[Report]) -> MergeResult:
+    """Screens and merges `reports` into a new Θ; pure with respect to the syncer (see commit)."""
+    deltas, norms = self._deltas([self.reference(r) for r in reports], [r.params for r in reports])
+    norms = np.asarray(jax.device_get(norms), np.float64)
+    keep, quarantined = [], []
+    for i, (report, norm) in enumerate(zip(reports, norms)):
+      reason = self._screen(norm)
+      if reason:
+        quarantined.append((report.learner, reason))
+      else:
+        keep.append(i)
+    if not keep:
+      return MergeResult(version=self.version, params=self.params, opt_state=self.opt_state, merged=(), weights=(),
+                         staleness=(), delta_norms=(), quarantined=tuple(quarantined), update_norm=0.0, tokens=0,
+                         steps=0)
+    kept = [reports[i] for i in keep]
+    if self.cfg.token_weighting:
+      weights = np.array([float(merge_lib.token_weight(r.tokens, r.steps)) for r in kept])
+    else:
+      weights = np.ones(len(kept))
+    # A merge of n of M learners is n/M of a synchronous outer step (outer.scale == "fraction").
+    scale = len(kept) / self.num_learners if self.cfg.scale == "fraction" else 1.0
+    with warnings.catch_warnings():
+      # Θ and the momentum can reuse two of the donated deltas; the others are freed early, unused.
+      warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+      params, opt_state, update_norm = self._step(self.params, self.opt_state, [deltas[i] for i in keep],
+                                                  jnp.asarray(weights, jnp.float32), jnp.float32(scale))
+    return MergeResult(
+        version=self.version + 1, params=params, opt_state=opt_state, merged=tuple(r.learner for r in kept),
+        quarantined=tuple(quarantined), weights=tuple(float(w) for w in weights),
+        staleness=tuple(self.version - r.base_version for r in kept),
+        delta_norms=tuple(float(norms[i]) for i in keep), update_norm=float(update_norm),
+        tokens=sum(r.tokens for r in kept), steps=sum(r.steps for r in kept))
+
+  def commit(self, result: MergeResult, live_versions: Sequence[int]) -> None:
+    """Adopts a computed merge; keeps only the Θ versions some learner still works from."""
+    if result.merged:
+      self.params, self.opt_state, self.version = result.params, result.opt_state, result.version
+      mean_norm = float(np.mean(result.delta_norms))
+      ema = self._accepted_norm_ema
+      self._accepted_norm_ema = mean_norm if not ema else 0.9 * ema + 0.1 * mean_norm
+    self._history[self.version] = self.params
+    keep = set(live_versions) | {self.version}
+    self._history = {v: p for v, p in self._history.items() if v in keep}
+
+  def answer(self, report: Report, verdict: str) -> Delivery:
+    """The current Θ for the learner of a report that was "merged", "quarantined" (the learner starts
+    afresh from Θ and trains that report's data again) or "lost" on its link (it trains it again)."""
+    rewind_to = None if verdict == "merged" else report.data_start
+    return Delivery(self.version, self.params, report.round, reset=verdict == "quarantined", rewind_to=rewind_to)
+
+  def _screen(self, norm: float) -> str:
+    """Why a delta of this norm must not be merged, or '' if it may."""
+    if not np.isfinite(norm):
+      return "non-finite"
+    if norm > self.cfg.max_delta_norm:
+      return f"norm {norm:.3g} > max_delta_norm {self.cfg.max_delta_norm:.3g}"
+    ema = self._accepted_norm_ema
+    if ema and norm > self.cfg.quarantine_factor * ema:  # relative only once a typical norm is known
+      return f"norm {norm:.3g} > {self.cfg.quarantine_factor:g} × recent norm {ema:.3g}"
+    return ""

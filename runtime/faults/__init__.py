@@ -1,0 +1,1 @@
+"""The fault model: typed plans parsed at the config boundary, and injection into device programs."""

@@ -1,0 +1,77 @@
+"""Fault injection into device programs, and what the controller learns from a device error.
+
+A crash is injected from inside the learner's device program: a host callback in every inner
+step raises once the step reaches the armed one, so the controller sees a genuine JAX runtime
+error, either at dispatch or when it awaits the result.
+"""
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.experimental import io_callback
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from runtime import devices as devices_lib
+
+PyTree = Any
+
+
+class SliceCrash(RuntimeError):
+  """Raised inside a learner's device program to fail its slice."""
+
+
+class Injector:
+  """Arms crashes inside device programs: each learner's program fails at its armed inner step."""
+
+  def __init__(self, num_learners: int):
+    self._armed = [np.iinfo(np.int64).max] * num_learners
+
+  def arm(self, learner: int, step: int | None) -> None:
+    """The learner's program raises when it reaches inner step `step` (its global step count); None disarms."""
+    self._armed[learner] = np.iinfo(np.int64).max if step is None else step
+
+  def disarm(self, learner: int) -> None:
+    self._armed[learner] = np.iinfo(np.int64).max
+
+  def check(self, learner: int, step: np.ndarray) -> None:
+    """Host callback run at every inner step of an armed-capable program."""
+    if int(step) >= self._armed[learner]:
+      raise SliceCrash(f"injected crash of learner {learner}'s slice at inner step {int(step)}")
+
+
+def corrupt(params: PyTree, how: str) -> PyTree:
+  """A corrupted copy of a report's parameters: NaN, Inf, or an absurdly scaled update."""
+  scale = {"nan": float("nan"), "inf": float("inf"), "huge": 1e9}[how]
+  return jax.tree.map(lambda x: x * scale, params)
+
+
+def device_check(injector: Injector, learner: int, mesh: jax.sharding.Mesh):
+  """A step hook that runs the injector's check on every device of the slice.
+
+  Each device calls the host itself (shard_map), so an injected crash fails every device's
+  program at the same step; a single host call would leave the other devices waiting forever
+  in the next collective.
+  """
+
+  def per_device(step):
+    io_callback(lambda s: injector.check(learner, s), None, step, ordered=False)
+    return step
+
+  return lambda step: jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)(step)
+
+
+def settle(injector: Injector, slices: Sequence[Sequence[jax.Device]]) -> None:
+  """Runs one clean effectful program on each slice whose program crashed, so the failed program's
+  error token is replaced now rather than re-raised by JAX at interpreter exit."""
+  for devices in slices:
+    mesh = devices_lib.slice_mesh(devices)
+    injector.disarm(0)
+    check = jax.jit(device_check(injector, 0, mesh))
+    jax.block_until_ready(check(jax.device_put(np.int32(-1), NamedSharding(mesh, P()))))
+
+
+def describe(error: Exception) -> str:
+  """The error's type and the last line of its message (callback errors carry a whole traceback)."""
+  lines = str(error).strip().splitlines() or [""]
+  return f"{type(error).__name__}: {lines[-1]}"

@@ -1,0 +1,185 @@
+"""Fault plans: typed scheduled faults, seeded random crash traces, and when a round crashes.
+
+Everything here is pure bookkeeping (no JAX): the schedule is parsed once, at the config boundary,
+into `Fault`s; the Poisson trace of each slice depends only on the seed, so every mode faces the
+same failures; `round_crash` says where in a learner's round the first of its crashes falls.
+"""
+
+import dataclasses
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from runtime.errors import ConfigError
+
+KINDS = ("crash", "straggler", "corrupt", "link")
+_FIELDS = {
+    "crash": {"learner": int, "time": float, "step": int, "repair": float},
+    "straggler": {"learner": int, "time": float, "duration": float, "factor": float},
+    "corrupt": {"learner": int, "time": float, "how": str},
+    "link": {"learner": int, "time": float, "duration": float, "mode": str},
+}
+_CHOICES = {"how": ("nan", "inf", "huge"), "mode": ("delay", "drop")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+  """One scheduled fault; `time` is virtual seconds, or `step` a learner's inner step (crash only)."""
+
+  kind: str
+  learner: int
+  time: float = -1.0
+  step: int = -1
+  duration: float = 0.0
+  factor: float = 1.0
+  how: str = "nan"
+  mode: str = "delay"
+  repair: float = -1.0  # < 0: the config's repair_seconds
+  text: str = dataclasses.field(default="", compare=False)  # as written in the schedule, for messages
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultConfig:
+  """Failures injected from the controller, and what recovering from them costs in every mode."""
+
+  # Scheduled faults, parsed from the config's ';'-separated text, e.g. "crash:learner=1,time=40;
+  # straggler:learner=2,time=10,duration=50,factor=3; corrupt:learner=0,time=20,how=nan;
+  # link:learner=3,time=5,duration=20,mode=drop".
+  schedule: tuple[Fault, ...] = ()
+  mtbi_chip_seconds: float = 0.0  # per-chip mean time between interruptions; 0 = no random crashes
+  chips_per_slice: int = 256
+  repair_seconds: float = 60.0  # a crashed slice is back after this long
+  spare_swap_seconds: float = 5.0  # a spare slice takes over a crashed learner after this long
+  report_timeout_seconds: float = 30.0  # a learner whose report got no answer pulls Θ after this long
+  restart_seconds: float = 30.0  # DP without elasticity: restart after every failure
+  checkpoint_every: int = 10  # DP without elasticity: steps between checkpoints (work after is lost)
+  reconfig_seconds: float = 8.0  # elastic DP: pause to drop or re-add a slice
+
+
+def parse_schedule(text: str) -> tuple[Fault, ...]:
+  """Parses the schedule text; errors name `faults.schedule` and what is allowed."""
+  faults = []
+  for item in filter(None, (part.strip() for part in text.split(";"))):
+    kind, _, args = item.partition(":")
+    kind = kind.strip()
+    if kind not in KINDS:
+      raise ConfigError("faults.schedule", item, f"a fault kind in {KINDS}")
+    values = {}
+    for pair in filter(None, (p.strip() for p in args.split(","))):
+      key, _, raw = pair.partition("=")
+      key = key.strip()
+      if key not in _FIELDS[kind]:
+        raise ConfigError("faults.schedule", item, f"{kind} fields {sorted(_FIELDS[kind])}")
+      try:
+        values[key] = _FIELDS[kind][key](raw.strip())
+      except ValueError:
+        raise ConfigError("faults.schedule", item, f"{key} of type {_FIELDS[kind][key].__name__}") from None
+      if key in _CHOICES and values[key] not in _CHOICES[key]:
+        raise ConfigError("faults.schedule", item, f"{key} in {_CHOICES[key]}")
+    if "learner" not in values:
+      raise ConfigError("faults.schedule", item, "a learner=M field")
+    fault = Fault(kind, **values, text=item)
+    if (fault.time < 0) == (fault.step < 0):
+      raise ConfigError("faults.schedule", item, "exactly one of time >= 0 or step >= 0 (step: crash only)")
+    faults.append(fault)
+  return tuple(faults)
+
+
+def crash_times(cfg: FaultConfig, slice_index: int, seed: int) -> Iterator[float]:
+  """Seeded Poisson crash times of one slice (each chip fails at 1 / mtbi_chip_seconds).
+
+  The trace depends only on (seed, slice) and the repair time, never on the training mode,
+  so every mode faces the same failures. A slice cannot fail again while it is being repaired.
+  """
+  if cfg.mtbi_chip_seconds <= 0:
+    return
+  rng = np.random.default_rng([seed, 7919, slice_index])
+  mean_gap = cfg.mtbi_chip_seconds / cfg.chips_per_slice
+  t = 0.0
+  while True:
+    t += rng.exponential(mean_gap)
+    yield t
+    t += cfg.repair_seconds
+
+
+def timed_events(schedule: Sequence[Fault]) -> list[tuple[float, str, int, Any]]:
+  """(time, event kind, learner, payload) of each time-scheduled fault, in schedule order; a
+  straggler also ends, and a step-scheduled crash is armed at dispatch instead (see round_crash)."""
+  events = []
+  for fault in (f for f in schedule if f.time >= 0):
+    if fault.kind == "crash":
+      events.append((fault.time, "learner_crash", fault.learner, fault))
+    elif fault.kind == "straggler":
+      events += [(fault.time, "straggler", fault.learner, fault.factor),
+                 (fault.time + fault.duration, "straggler", fault.learner, 1.0)]
+    elif fault.kind == "corrupt":
+      events.append((fault.time, "corrupt", fault.learner, fault.how))
+    else:
+      events.append((fault.time, "link", fault.learner, (fault.time + fault.duration, fault.mode)))
+  return events
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundCrash:
+  """Where a round fails: at modeled time `at`, in inner step `step`; `fault` if step-scheduled."""
+
+  at: float
+  step: int
+  fault: Fault | None
+
+
+def round_crash(now: float, modeled: float, first_step: int, steps: int, step_faults: Sequence[Fault],
+                next_crash_time: float) -> RoundCrash | None:
+  """The first crash inside a round of `steps` inner steps from `first_step`, dispatched at `now`.
+
+  `modeled` is the round's modeled duration (0 when time is not modeled, under the real clock: then
+  only step-scheduled crashes fall in it, at `now`); `next_crash_time` is when the learner or its
+  slice is next due to fail.
+  """
+  ordered = sorted((f for f in step_faults if first_step <= f.step < first_step + steps), key=lambda f: f.step)
+  candidates = [RoundCrash(now + (f.step - first_step) / steps * modeled, f.step, f) for f in ordered]
+  if now <= next_crash_time < now + modeled:
+    candidates.append(RoundCrash(next_crash_time, first_step + int((next_crash_time - now) / modeled * steps), None))
+  return min(candidates, key=lambda c: c.at, default=None)
+
+
+class CrashPlan:
+  """A run's progress through its crash plan: each learner's and slice's next crash, and the
+  step-scheduled crashes not yet fired (each fires once: a learner that rejoins and passes the same
+  step again does not fail again)."""
+
+  def __init__(self, schedule: Sequence[Fault], traces: Sequence[Iterator[float]]):
+    self._traces = list(traces)
+    self._step_crashes = [f for f in schedule if f.kind == "crash" and f.step >= 0]
+    self._armed: dict[int, Fault] = {}  # learner -> the step-scheduled crash its round is armed with
+    self._next: dict[tuple[str, int], float] = {}  # ("slice" | "learner", index) -> time
+    for fault in schedule:
+      if fault.kind == "crash" and fault.time >= 0:
+        self._next[("learner", fault.learner)] = fault.time
+
+  def next_slice_crash(self, slice_index: int) -> float | None:
+    """Draws the slice's next crash time from its trace (None when the trace is empty)."""
+    at = next(self._traces[slice_index], None)
+    if at is not None:
+      self._next[("slice", slice_index)] = at
+    return at
+
+  def happened(self, kind: str, index: int) -> None:
+    """The slice's or learner's due crash took place."""
+    self._next.pop((kind, index), None)
+
+  def in_round(self, learner: int, slice_index: int, first_step: int, steps: int, now: float,
+               modeled: float) -> RoundCrash | None:
+    """The crash that falls in the learner's next round (remembered if step-scheduled), or None."""
+    self._armed.pop(learner, None)
+    at = min(self._next.get(("learner", learner), float("inf")), self._next.get(("slice", slice_index), float("inf")))
+    crash = round_crash(now, modeled, first_step, steps, [f for f in self._step_crashes if f.learner == learner], at)
+    if crash is not None and crash.fault is not None:
+      self._armed[learner] = crash.fault
+    return crash
+
+  def fired(self, learner: int) -> None:
+    """The learner crashed: the step-scheduled crash its round was armed with, if any, is spent."""
+    fault = self._armed.pop(learner, None)
+    if fault is not None:
+      self._step_crashes.remove(fault)

@@ -1,0 +1,111 @@
+"""A learner on its own slice: rounds, reports, adopting Θ, failing and rejoining."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from models import lm
+from runtime import devices as devices_lib
+from runtime import modes
+from runtime.diloco.learner import DOWN, TRAINING, WAITING, Learner
+from runtime.diloco.messages import Delivery
+from runtime.experiment import Experiment
+from runtime.optim import inner_optimizer
+
+
+@pytest.fixture
+def setup(tiny_config):
+  tiny_config.learners = 1
+  tiny_config.num_devices = 1
+  run = modes.prepare(tiny_config)
+  exp = Experiment(run)
+  devices = jax.devices()[:1]
+  learner = Learner(0, 0, devices, run, exp.shard(0, 1, run.data.batch_size), inner_optimizer(run.inner, 100))
+  host = NamedSharding(devices_lib.slice_mesh([devices_lib.host_device()]), P())
+  theta = jax.device_get(lm.init_params(run.model, jax.random.key(0)))
+  learner.reset(theta, 0, 0.0)
+  yield run, learner, host, theta, devices
+  learner.close()
+
+
+def _trees_equal(a, b):
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(a), jax.device_get(b))
+
+
+def _part(learner, kind, steps, now):
+  learner.dispatch(kind, steps, now, float(steps))
+  return learner.collect(now + steps)
+
+
+def test_a_round_books_its_tokens_steps_and_data_range_in_its_report(setup):
+  run, learner, host, _, _ = setup
+  assert learner.status == WAITING and learner.round == 1
+  learner.dispatch("main", 3, 0.0, 3.0)
+  assert learner.status == TRAINING
+  learner.collect(3.0)
+  report = learner.report(3.0, host)
+  assert (report.tokens, report.steps, report.base_version, report.round) == (3 * 16 * 32, 3, 0, 1)
+  assert (report.data_start["position"], report.data_end["position"]) == (0, 3)
+  assert report.busy_seconds == 3.0 and np.isfinite(report.loss)
+  assert learner.completions == [(3.0, 3)] and learner.total_steps == 3
+
+
+def test_adopting_theta_by_overwrite_serves_the_overlap_steps_data_again(setup):
+  _, learner, host, theta, _ = setup
+  _part(learner, "main", 3, 0.0)
+  learner.report_sent(learner.report(3.0, host))
+  _part(learner, "overlap", 1, 3.0)
+  assert learner.deliver(Delivery(1, theta, round=1))
+  written_off = learner.adopt(4.0)
+  assert written_off == 1 * 16 * 32  # the overlap step, trained but never reported
+  _trees_equal(learner.state.params, theta)
+  _part(learner, "main", 3, 4.0)
+  report = learner.report(7.0, host)
+  assert (report.data_start["position"], report.base_version, report.round) == (3, 1, 2)
+
+
+def test_a_delivery_for_an_earlier_round_or_a_down_learner_is_ignored(setup):
+  _, learner, _, theta, _ = setup
+  assert not learner.deliver(Delivery(1, theta, round=0))
+  learner.fail(0.0)
+  assert not learner.deliver(Delivery(1, theta, round=1))
+
+
+def test_reset_starts_fresh_inner_state_at_the_learners_own_step(setup):
+  _, learner, _, theta, _ = setup
+  _part(learner, "main", 3, 0.0)
+  learner.reset(theta, 2, 3.0)
+  assert int(learner.state.step) == 3  # the inner learning-rate schedule continues, the moments restart
+  adam = learner.state.opt_state[1][0]
+  assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(adam.mu))
+
+
+def test_failing_drops_the_round_in_flight_and_rejoining_resumes_after_the_last_report(setup):
+  _, learner, host, theta, devices = setup
+  _part(learner, "main", 3, 0.0)
+  sent = learner.report(3.0, host)
+  learner.report_sent(sent)
+  learner.dispatch("overlap", 2, 3.0, 2.0)
+  failure = learner.fail(4.0)
+  assert (failure.slice_index, failure.unmerged_tokens) == (0, 2 * 16 * 32)
+  assert failure.lost_seconds == 0.0  # its round's main part was reported
+  assert learner.status == DOWN and learner.slice_index == -1 and learner.inflight is None
+  learner.report_settled(sent, merged=True)
+  learner.rejoin(0, devices, theta, 7, 9.0)
+  assert learner.status == WAITING and learner.slice_index == 0 and learner.base_version == 7
+  _part(learner, "main", 3, 9.0)
+  assert learner.report(12.0, host).data_start["position"] == 3
+
+
+def test_a_quarantined_reports_data_is_trained_again(setup):
+  _, learner, host, theta, _ = setup
+  _part(learner, "main", 3, 0.0)
+  report = learner.report(3.0, host)
+  learner.report_sent(report)
+  learner.report_settled(report, merged=False)
+  assert learner.reports_out == 0
+  learner.deliver(Delivery(0, theta, round=1, reset=True, rewind_to=report.data_start))
+  assert learner.adopt(3.0) == 0  # nothing beyond the report was trained
+  _part(learner, "main", 3, 3.0)
+  assert learner.report(6.0, host).data_start["position"] == 0
