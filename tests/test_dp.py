@@ -1,4 +1,4 @@
-"""The synchronous data-parallel baseline."""
+"""The data-parallel baselines: synchronous DP, and DP under a fault trace (elastic, or restarting)."""
 
 import jax
 import numpy as np

@@ -86,18 +86,15 @@ def test_rejoining_learner_starts_from_the_syncers_current_theta(four_learners, 
     jax.tree.map(np.testing.assert_array_equal, params, thetas[base])
 
 
-@pytest.mark.parametrize("schedule", ["crash:learner=1,time=6", "corrupt:learner=2,time=1,how=nan"])
-def test_goodput_counts_only_the_work_that_reached_theta(four_learners, schedule):
+def test_goodput_counts_only_the_work_that_reached_theta(four_learners):
   run = modes.prepare(four_learners)
-  result = _faulty(four_learners, schedule, repair_seconds=5.0)
-  # Every learner step takes 1 modeled second, and the merged steps are exactly the budget's; the
-  # crash loses 2 s of learner 1's round, the quarantine the 4 s of learner 2's first round.
+  result = _faulty(four_learners, "corrupt:learner=2,time=1,how=nan;crash:learner=1,time=6", repair_seconds=5.0)
+  assert len(_faults(result, "quarantine")) == len(_faults(result, "crash")) == 1
+  # Every learner step takes 1 modeled second and the merged steps are exactly the budget's; the slice
+  # time lost (learner 2's quarantined first round, learner 1's crashed round) is not goodput.
   merged_steps = run.token_budget // (run.data.batch_size // run.learners * run.data.seq_len)
   assert result.extras["goodput"] == pytest.approx(merged_steps * 1.0 / (4 * result.virtual_seconds))
-  four_learners.faults.schedule = ""
-  calm = _controller(four_learners).train()
-  assert calm.extras["goodput"] == pytest.approx(merged_steps * 1.0 / (4 * calm.virtual_seconds))
-  assert result.extras["goodput"] < calm.extras["goodput"] - 0.05
+  assert result.extras["goodput"] < 0.9
 
 
 def test_survivors_step_times_equal_a_run_without_faults(four_learners):
