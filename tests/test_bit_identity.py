@@ -8,7 +8,7 @@ the same commit and says why:
 XLA:CPU's numerics depend on the CPU's vector instructions and on the jax/jaxlib versions, so the
 files only bind on the platform they were recorded on (tests/golden/platform.json); elsewhere the
 test is skipped and says why. The smoke runs are in the default suite; chaos and synchronous DiLoCo
-are marked slow (`python -m pytest -m slow tests/test_bit_identity.py`, ~8 minutes on 2 cores).
+are marked slow (`python -m pytest -m slow tests/test_bit_identity.py`, ~6 minutes on 2 cores).
 """
 
 import importlib

@@ -1,0 +1,75 @@
+"""The house's layout stays as designed: small files, no import cycles, an event loop that only loops."""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("runtime", "models", "launch", "configs")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  """Dotted module name -> file, for every library module (a package by its own name)."""
+  files = (p for package in PACKAGES for p in (ROOT / package).glob("**/*.py"))
+  return {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p for p in files}
+
+
+def _imports(path: pathlib.Path, known: set[str]) -> set[str]:
+  """The project's modules that `path` imports."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+  return found & known
+
+
+def test_no_import_cycles_among_the_projects_modules():
+  modules = _modules()
+  graph = {m: _imports(p, set(modules)) - {m} for m, p in modules.items()}
+  done: set[str] = set()
+
+  def visit(module: str, path: list[str]) -> None:
+    for dep in sorted(graph[module]):
+      assert dep not in path, f"import cycle: {' -> '.join(path[path.index(dep):] + [dep])}"
+      if dep not in done:
+        visit(dep, path + [dep])
+    done.add(module)
+
+  for module in sorted(graph):
+    visit(module, [module])
+
+
+def test_no_library_file_exceeds_400_lines_and_the_event_loop_350():
+  sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in _modules().values()}
+  assert not {f: n for f, n in sizes.items() if n > 400}
+  assert sizes["runtime/diloco/controller.py"] <= 350
+
+
+def test_the_controller_assigns_no_attribute_of_another_object():
+  tree = ast.parse((ROOT / "runtime/diloco/controller.py").read_text())
+  foreign = []
+  for node in ast.walk(tree):
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+        node, (ast.AugAssign, ast.AnnAssign)) else []
+    for target in (t for tuple_ in targets for t in (tuple_.elts if isinstance(tuple_, ast.Tuple) else [tuple_])):
+      owner = target.value if isinstance(target, ast.Attribute) else None
+      if owner is not None and not (isinstance(owner, ast.Name) and owner.id == "self"):
+        foreign.append(f"line {node.lineno}: {ast.unparse(target)}")
+  assert not foreign
+
+
+@pytest.mark.parametrize("package,allowed", [
+    ("runtime/sim", {"runtime.errors", "runtime.sim.config", "runtime.sim.model"}),  # NumPy only, no JAX
+    ("runtime/faults/plan.py", {"runtime.errors"}),  # pure bookkeeping, parsed at the config boundary
+    ("runtime/slice_pool.py", set()),
+])
+def test_pure_parts_import_no_jax_and_nothing_of_the_runtime_beyond_what_they_need(package, allowed):
+  paths = [ROOT / package] if package.endswith(".py") else sorted((ROOT / package).glob("*.py"))
+  modules = set(_modules())
+  for path in paths:
+    source = path.read_text()
+    assert "import jax" not in source and "from jax" not in source, path
+    assert _imports(path, modules) <= allowed, path
