@@ -1,6 +1,6 @@
 """Mutation check of the core's guards: each plausible bug below must make its named test fail.
 
-Run from the repository root:  python tests/mutations.py [NAME ...]   (about 3 minutes on 2 cores)
+Run from the repository root:  python tests/mutations.py [NAME ...]   (about 2 minutes on 2 cores)
 
 Each mutation is applied to a copy of the working tree, and only the test named for it runs there;
 the line printed says CAUGHT (the test failed, as it must) or MISSED. A mutation whose text no longer
