@@ -55,7 +55,7 @@ class Controller:
     self.clock = make_clock(run.clock, run.learners, run.seed)
     self.links = Links(self.clock.transfer_seconds, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(theta)))
     self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="syncer")
-    self.ledger = Ledger(num_slices=len(self.slices), chips_per_slice=f.chips_per_slice)
+    self.ledger = Ledger(num_slices=len(self.slices))
     self.merge_state = "idle"  # "idle" | "scheduled" | "running"
     self.tokens_dispatched = 0
     self.reports_in_transit = 0

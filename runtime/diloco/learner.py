@@ -214,8 +214,8 @@ class Learner:
   def fail(self, now: float) -> Failure:
     """The learner's slice failed: its future is dropped, its unreported work is lost, and it leaves
     the slice. A round whose time is modeled is awaited first, so its device error surfaces."""
-    detail, part = "", self.inflight
-    if part is not None and part.modeled_seconds and self.injector is not None:
+    detail = ""
+    if self.inflight is not None and self.inflight.modeled_seconds and self.injector is not None:
       try:
         self.collect(now)  # the armed program fails here, a genuine device error
         detail = " (its round had completed)"

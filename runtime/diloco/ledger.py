@@ -4,11 +4,10 @@ from typing import Sequence
 
 
 class Ledger:
-  """Chip-time accounting: goodput = slice time whose work reached Θ / slice time allocated."""
+  """Slice-time accounting: goodput = slice time whose work reached Θ / slice time allocated."""
 
-  def __init__(self, num_slices: int, chips_per_slice: int):
+  def __init__(self, num_slices: int):
     self.num_slices = num_slices
-    self.chips_per_slice = chips_per_slice
     self.useful_seconds = 0.0  # slice-seconds of merged work
     self.lost_seconds = 0.0  # slice-seconds of work that crashed, was dropped or quarantined
 
@@ -19,7 +18,7 @@ class Ledger:
     self.lost_seconds += slice_seconds
 
   def goodput(self, elapsed: float) -> float:
-    """Useful chip-time over allocated chip-time (every slice, spares included, for `elapsed`)."""
+    """Useful slice-time over allocated slice-time (every slice, spares included, for `elapsed`)."""
     return self.useful_seconds / (self.num_slices * elapsed) if elapsed > 0 else 0.0
 
 

@@ -28,7 +28,6 @@ class RunLog:
     self.wall = Stopwatch()
     self.tokens_merged = 0
     self.merges: list[dict] = []
-    self.merge_times: list[float] = []
     self.merged_ranges: list[tuple[int, int, int]] = []  # (learner, first batch, end batch) that reached Θ
     self.faults: list[dict] = []
     self.eval_loss = float("nan")
@@ -55,7 +54,6 @@ class RunLog:
         busy=[l.busy_fraction(now) for l in learners], bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down,
         grace=grace, quorum=quorum, goodput=goodput, alive=sum(l.status != DOWN for l in learners))
     self.merges.append(self.logger.log("merge", record))
-    self.merge_times.append(now)
 
   def evaluate(self, params: PyTree, version: int, now: float, stamp: dict, force: bool = False) -> None:
     """Evaluates Θ when the merged tokens pass the next eval point, or now if forced (once per version)."""
@@ -87,6 +85,6 @@ class RunLog:
                     uptime=uptime([(a, b) for _, a, b, state in intervals if state == TRAINING], now),
                     faults=sum(f["fault"] in INJECTED for f in self.faults),
                     bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down),
-        details=dict(busy=busy, intervals=intervals, merge_times=list(self.merge_times),
+        details=dict(busy=busy, intervals=intervals, merge_times=[m["time"] for m in self.merges],
                      merged_ranges=list(self.merged_ranges), faults=list(self.faults),
                      completions=[list(l.completions) for l in learners]))
