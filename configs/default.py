@@ -109,6 +109,10 @@ def get_config() -> ml_collections.ConfigDict:
   # recent norm are quarantined, never merged.
   config.outer.quarantine_factor = 100.0
   config.outer.max_delta_norm = 1e6
+  # An outer step whose norm exceeds max_update_ratio × the merged deltas' norm is never committed;
+  # divergence_merges merges in a row that commit nothing stop the run with a message (it diverged).
+  config.outer.max_update_ratio = 100.0
+  config.outer.divergence_merges = 8
 
   config.clock = ml_collections.ConfigDict()
   # "virtual": seeded discrete-event time (reproducible); "real": wall time.

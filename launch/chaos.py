@@ -10,7 +10,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "workdirs/chaos", "Where metrics, plot
 def main(argv: list[str]) -> None:
   del argv
   from runtime import modes  # pylint: disable=g-import-not-at-top
-  modes.chaos(_CONFIG.value, _WORKDIR.value)
+  modes.cli(modes.chaos, _CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":

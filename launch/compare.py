@@ -11,7 +11,7 @@ _MODES = flags.DEFINE_list("modes", ["dp", "diloco_sync", "decoupled"], "Modes t
 def main(argv: list[str]) -> None:
   del argv
   from runtime import modes  # pylint: disable=g-import-not-at-top
-  modes.compare(_CONFIG.value, _WORKDIR.value, tuple(_MODES.value))
+  modes.cli(modes.compare, _CONFIG.value, _WORKDIR.value, tuple(_MODES.value))
 
 
 if __name__ == "__main__":

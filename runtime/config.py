@@ -68,6 +68,8 @@ class OuterConfig:
   mix_alpha: float = 0.0  # receive == "mix": θ ← (1−α)·Θ + α·θ_local
   quarantine_factor: float = 100.0  # a delta norm above this × the recent norm is quarantined
   max_delta_norm: float = 1e6  # ... and so is any delta norm above this
+  max_update_ratio: float = 100.0  # an outer step above this × the merged deltas' norm is never committed
+  divergence_merges: int = 8  # this many merges in a row that commit nothing end the run (diverged)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +252,8 @@ def validate(run: RunConfig) -> None:
   check(c.bandwidth_bytes_per_s > 0, "clock.bandwidth_bytes_per_s", c.bandwidth_bytes_per_s, "a float > 0")
   check(o.quarantine_factor > 1, "outer.quarantine_factor", o.quarantine_factor, "a float > 1")
   check(o.max_delta_norm > 0, "outer.max_delta_norm", o.max_delta_norm, "a float > 0")
+  check(o.max_update_ratio > 0, "outer.max_update_ratio", o.max_update_ratio, "a float > 0")
+  check(o.divergence_merges >= 1, "outer.divergence_merges", o.divergence_merges, "an integer >= 1")
   f = run.faults
   for name in ("mtbi_chip_seconds", "repair_seconds", "spare_swap_seconds", "report_timeout_seconds",
                "restart_seconds", "reconfig_seconds"):
@@ -258,5 +262,13 @@ def validate(run: RunConfig) -> None:
   check(f.checkpoint_every >= 1, "faults.checkpoint_every", f.checkpoint_every, "an integer >= 1")
   for fault in f.schedule:
     check(0 <= fault.learner < run.learners, "faults.schedule", fault.text, f"learner in [0, {run.learners})")
+  if c.kind == "real" and run.mode in ("decoupled", "diloco_sync"):  # refused rather than pretended
+    check(f.mtbi_chip_seconds == 0, "faults.mtbi_chip_seconds", f.mtbi_chip_seconds,
+          "0 under clock.kind='real' (random crashes need modeled time: use clock.kind='virtual')")
+    for fault in f.schedule:
+      check(fault.kind in ("corrupt", "link") or (fault.kind == "crash" and fault.step >= 0), "faults.schedule",
+            fault.text, "under clock.kind='real' only faults injected for real: crash:learner=M,step=N (raised "
+            "inside the device program), corrupt and link; time-scheduled crashes and stragglers need "
+            "clock.kind='virtual'")
   check(c.latency_s >= 0 and c.merge_seconds >= 0, "clock.latency_s/clock.merge_seconds",
          (c.latency_s, c.merge_seconds), "floats >= 0")

@@ -13,6 +13,10 @@ class DataError(ValueError):
   """The corpus or a data position cannot be used; the message says which and why."""
 
 
+class TrainingDiverged(RuntimeError):
+  """Training cannot go on: the message says what diverged and which config field most likely caused it."""
+
+
 def check(ok: bool, field: str, value: object, allowed: str) -> None:
   """Raises ConfigError naming `field`, its value and what is allowed, unless `ok`."""
   if not ok:

@@ -3,6 +3,8 @@
 import dataclasses
 import os
 import pathlib
+import sys
+from typing import Any, Callable
 
 import ml_collections
 from absl import logging
@@ -10,7 +12,16 @@ from absl import logging
 from runtime import devices as devices_lib
 from runtime import summary
 from runtime.config import RunConfig, from_config_dict, with_mode
+from runtime.errors import TrainingDiverged
 from runtime.experiment import Experiment, RunResult, finish
+
+
+def cli(job: Callable[..., Any], *args: Any) -> None:
+  """Runs a launcher's job; a run that diverged exits with its message (status 1), not a traceback."""
+  try:
+    job(*args)
+  except TrainingDiverged as error:
+    sys.exit(f"error: {error}")
 
 
 def prepare(config: ml_collections.ConfigDict) -> RunConfig:

@@ -23,8 +23,20 @@ class TrainState:
 
 
 def init_state(params: PyTree, tx: optax.GradientTransformation, step: int | jax.Array = 0) -> TrainState:
-  """A fresh inner state around `params`."""
-  return TrainState(step=jnp.asarray(step, jnp.int32), params=params, opt_state=tx.init(params))
+  """A fresh inner state around `params` whose learning-rate schedule stands at `step`.
+
+  The moments (and Adam's bias correction) restart; the schedule continues, so a learner that rejoins
+  or is reset does not warm up and decay again.
+  """
+  step = jnp.asarray(step, jnp.int32)
+  return TrainState(step=step, params=params, opt_state=_schedule_at(tx.init(params), step))
+
+
+def _schedule_at(opt_state: PyTree, step: jax.Array) -> PyTree:
+  """`opt_state` with every schedule's count set to `step`."""
+  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  return jax.tree.map(lambda x: optax.ScaleByScheduleState(count=step) if is_schedule(x) else x, opt_state,
+                      is_leaf=is_schedule)
 
 
 def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,

@@ -1,5 +1,8 @@
 """Decoupled DiLoCo under the controller: equivalences, reproducibility, heterogeneity, grace window."""
 
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import optax
@@ -8,6 +11,7 @@ from invariants import assert_ranges_tile
 
 from models import lm
 from runtime import modes
+from runtime.errors import TrainingDiverged
 from runtime.experiment import Experiment
 from runtime.optim import inner_optimizer
 from runtime.programs import init_state, make_train_step
@@ -124,3 +128,39 @@ def test_merge_starts_as_soon_as_the_quorum_has_reported(tiny_config):
   first = next(r for r in result.records if r["kind"] == "merge")
   assert first["merged"] == [0, 1] and first["quorum"] == 2
   assert first["time"] == pytest.approx(4.4, abs=1e-3)  # learner 1's report: 4 steps × 1.1 s
+
+
+def test_a_learner_finishing_its_budget_lowers_the_quorum_and_the_last_reports_merge(tiny_config):
+  # Regression: with K=2 the learner that went DONE lowered the effective quorum but nobody re-checked
+  # the waiting report; the clock ran dry (IndexError) and the last report was never merged.
+  tiny_config.learners = 3
+  tiny_config.num_devices = 3
+  tiny_config.data.batch_size = 12
+  tiny_config.outer.quorum = 2
+  tiny_config.clock.latency_s = 1.0
+  tiny_config.clock.speeds = (1.0, 1.0, 1.2)
+  tiny_config.inner_steps = 3
+  tiny_config.total_steps = 3
+  result = _run(tiny_config)
+  assert result.tokens == modes.prepare(tiny_config).token_budget
+  assert_ranges_tile(result, learners=range(3))
+
+
+def test_a_diverging_outer_step_stops_the_run_naming_the_field(tiny_config):
+  # Regression: Θ went NaN at the first merge, then every report was quarantined and served again forever.
+  tiny_config.outer.lr = 1e9
+  tiny_config.outer.divergence_merges = 3
+  with pytest.raises(TrainingDiverged, match=r"outer\.lr \(now 1e\+09\)"):
+    _run(tiny_config)
+
+
+def test_the_launcher_reports_divergence_in_one_line_with_a_non_zero_exit(tmp_path):
+  # Overrides as a researcher would type them; the run stops at the third merge that commits nothing.
+  command = [sys.executable, "-m", "launch.train", "--config=configs/smoke.py", f"--workdir={tmp_path}",
+             "--config.outer.lr=1e9", "--config.outer.divergence_merges=3",
+             "--config.data.max_bytes=300000", "--config.total_steps=40",
+             "--config.progress=False", "--config.tensorboard=False"]
+  done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+  assert done.returncode == 1, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines()[-1].startswith("error: training diverged"), done.stderr[-2000:]
+  assert "Traceback" not in done.stderr

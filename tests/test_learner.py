@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -79,6 +80,10 @@ def test_reset_starts_fresh_inner_state_at_the_learners_own_step(setup):
   assert int(learner.state.step) == 3  # the inner learning-rate schedule continues, the moments restart
   adam = learner.state.opt_state[1][0]
   assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(adam.mu))
+  # Regression: the schedule's own count restarted at 0, so a rejoiner warmed up and decayed again.
+  assert int(adam.count) == 0  # fresh moments: fresh bias correction
+  schedule = learner.state.opt_state[1][-1]
+  assert isinstance(schedule, optax.ScaleByScheduleState) and int(schedule.count) == 3
 
 
 def test_failing_drops_the_round_in_flight_and_rejoining_resumes_after_the_last_report(setup):

@@ -2,11 +2,13 @@
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+from runtime import devices as devices_lib
 from runtime.config import OuterConfig
 from runtime.diloco.messages import Report
 from runtime.diloco.syncer import Syncer, outer_step
@@ -94,3 +96,47 @@ def test_outer_step_with_unit_sgd_moves_theta_by_the_scaled_merged_outer_gradien
   # Weighted mean of the deltas: (1.25, 1.5); half of it is the step.
   np.testing.assert_allclose(new["w"], [1.0 - 0.625, 2.0 - 0.75])
   assert float(norm) == pytest.approx(np.hypot(0.625, 0.75))
+
+
+def test_the_syncer_computes_on_the_host_device_whatever_the_default_device():
+  # Regression: token weights and the weight/scale arrays were made on the default device (on an
+  # accelerator, learner 0's first device), so a merge could queue behind learner 0's round.
+  devices = jax.devices()
+  assert len(devices) >= 2, "needs a default device other than the host's"
+  host = devices_lib.host_device()
+  on_host = lambda tree: jax.device_put(tree, host)
+  cfg = OuterConfig(lr=1.0, momentum=0.9, nesterov=True, merge="rda", token_weighting=True)
+  with jax.default_device(next(d for d in devices if d != host)):
+    syncer = Syncer(cfg, on_host({"w": np.zeros(3, np.float32), "embed": np.ones(2, np.float32)}), num_learners=4)
+    reports = [_report(0, on_host({"w": np.full(3, 1.0, np.float32), "embed": np.zeros(2, np.float32)}), 100, 10),
+               _report(1, on_host({"w": np.full(3, 2.0, np.float32), "embed": np.ones(2, np.float32)}), 300, 20)]
+    with jax.transfer_guard("disallow"):  # any implicit transfer (an array made from host data) fails
+      result = syncer.compute(reports)
+  assert result.weights == (1000.0, 4500.0)
+  for leaf in jax.tree.leaves((result.params, result.opt_state)):
+    assert leaf.devices() == {host}, leaf.devices()
+
+
+def test_an_absurd_outer_step_is_never_committed_and_persistent_failure_names_the_likely_field():
+  # Regression: outer.lr=1e9 committed a NaN Θ at the first merge; every report was then quarantined and
+  # served again forever.
+  syncer = _syncer(lr=1e9, scale="none", divergence_merges=3)
+  for attempt in range(3):
+    assert not syncer.divergence()
+    result = syncer.compute([_report(0, {"w": jnp.full(3, 1.0)})])
+    (learner, reason), = result.quarantined
+    assert result.merged == () and learner == 0 and "outer step" in reason
+    syncer.commit(result, [0])
+    np.testing.assert_array_equal(syncer.params["w"], np.zeros(3))
+    assert syncer.version == 0
+  assert "outer.lr" in syncer.divergence() and "3 merges in a row" in syncer.divergence()
+
+
+def test_a_committed_merge_resets_the_count_of_failed_merges():
+  syncer = _syncer(scale="none", divergence_merges=2)
+  syncer.commit(syncer.compute([_report(0, {"w": jnp.array([jnp.nan, 0.0, 0.0])})]), [0])
+  syncer.commit(syncer.compute([_report(1, {"w": jnp.full(3, 1.0)})]), [0])
+  syncer.commit(syncer.compute([_report(0, {"w": jnp.array([jnp.inf, 0.0, 0.0])})]), [0])
+  assert not syncer.divergence()
+  syncer.commit(syncer.compute([_report(0, {"w": jnp.array([jnp.inf, 0.0, 0.0])})]), [0])
+  assert "inner.lr" in syncer.divergence()

@@ -14,16 +14,17 @@ import concurrent.futures
 import os
 
 import jax
-from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
 from runtime import devices as devices_lib
 from runtime.config import RunConfig
+from runtime.errors import TrainingDiverged
 from runtime.diloco.clock import Event, make_clock
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.learner import DONE, DOWN, TRAINING, WAITING, Learner
 from runtime.diloco.links import Links
+from runtime.diloco.recovery import Recovery
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.syncer import MergeResult, Syncer
 from runtime.experiment import Experiment, RunResult, make_logger
@@ -33,7 +34,7 @@ from runtime.optim import inner_optimizer
 from runtime.slice_pool import SlicePool
 
 
-class Controller:
+class Controller(Recovery):
   """Runs Decoupled DiLoCo (or synchronous DiLoCo with quorum = M) to the token budget."""
 
   def __init__(self, run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str):
@@ -70,24 +71,30 @@ class Controller:
         self._schedule_slice_crash(s)
       for at, kind, m, payload in timed_events(self.run.faults.schedule):
         self.clock.after(at, Event(kind, m, payload))
-      for learner in self.learners:
-        learner.reset(self.syncer.params, 0, 0.0)
-        self._start_round(learner)
-      while self._work_scheduled() or self.syncer.pending:
-        if not self._work_scheduled():
-          self._schedule_merge(0.0)  # the budget is spent: merge what is left, quorum or not
-        _, event = self.clock.next_event()
-        getattr(self, f"_on_{event.kind}")(event)  # each event kind has its handler, _on_<kind>
+      try:
+        self._loop()
+      finally:
+        for learner in self.learners:
+          learner.close()
+        self.worker.shutdown()
+        self.clock.close()
       now = self.clock.now()
       for learner in self.learners:
         learner.set_status(DONE, now)
-        learner.close()
-      self.worker.shutdown()
-      self.clock.close()
       if self.injector is not None:
         injection.settle(self.injector, [self.slices[s] for s in self.pool.take_crashed()])
       self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp(), force=True)
       return self.log.result(self.learners, self.ledger, now, self.clock.virtual_seconds(), self.syncer.params)
+
+  def _loop(self) -> None:
+    for learner in self.learners:
+      learner.reset(self.syncer.params, 0, 0.0)
+      self._start_round(learner)
+    while self._work_scheduled() or self.syncer.pending:
+      if not self._work_scheduled():
+        self._schedule_merge(0.0)  # the budget is spent: merge what is left, quorum or not
+      _, event = self.clock.next_event()
+      getattr(self, f"_on_{event.kind}")(event)  # each event kind has its handler, _on_<kind>
 
   def _work_scheduled(self) -> bool:
     """True while a learner, a report or a merge is still on its way (fault timers don't count).
@@ -108,6 +115,7 @@ class Controller:
     tokens = steps * learner.tokens_per_batch
     if self.tokens_dispatched + tokens > self.run.token_budget:
       learner.set_status(DONE if kind == "main" else WAITING, self.clock.now())
+      self._maybe_merge()  # a finished learner lowers the effective quorum
       return False
     now = self.clock.now()
     modeled = sum(self.clock.step_seconds(learner.index) for _ in range(steps))
@@ -230,6 +238,8 @@ class Controller:
     result: MergeResult = future.result()
     now = self.clock.now()
     self.syncer.commit(result, [l.base_version for l in self.learners])
+    if self.syncer.divergence():
+      raise TrainingDiverged(self.syncer.divergence())
     self.merge_state = "idle"
     transfer = self.links.down_seconds()
     self.syncer.observe_sync(2 * transfer + now - started)  # report up, merge, Θ down
@@ -254,95 +264,6 @@ class Controller:
                    self.syncer.quorum(self._able()), self.ledger.goodput(now))
     self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp())
     self._maybe_merge()
-
-  # Faults --------------------------------------------------------------------------------------------
-
-  def _schedule_slice_crash(self, slice_index: int) -> None:
-    at = self.crashes.next_slice_crash(slice_index)
-    if at is not None:
-      self.clock.after(at - self.clock.now(), Event("slice_crash", payload=slice_index))
-
-  def _on_slice_crash(self, event: Event) -> None:
-    s = event.payload
-    self.crashes.happened("slice", s)
-    owner = next((l for l in self.learners if l.slice_index == s and l.status != DOWN), None)
-    if owner is not None:
-      self._crash(owner, "slice interrupted")
-    else:
-      self.pool.failed_idle(s)
-      self.clock.after(self.run.faults.repair_seconds, Event("slice_repaired", payload=s))
-
-  def _on_learner_crash(self, event: Event) -> None:
-    self.crashes.happened("learner", event.learner)
-    learner = self.learners[event.learner]
-    if learner.status not in (DOWN, DONE):
-      self._crash(learner, "scheduled crash", repair=event.payload.repair if event.payload.repair >= 0 else None)
-
-  def _crash(self, learner: Learner, why: str, repair: float | None = None) -> None:
-    """Removes the learner's future, writes off its unmerged work, and arranges its return."""
-    now, m = self.clock.now(), learner.index
-    failure = learner.fail(now)
-    why += failure.detail
-    self.crashes.fired(m)
-    self._write_off(failure.unmerged_tokens)
-    self.ledger.lost(failure.lost_seconds)
-    if self.injector:
-      self.injector.disarm(m)
-    self.clock.cancel(lambda e: e.learner == m and e.kind in ("part_done", "params_arrived"))
-    self.log.fault("crash", m, now, why)
-    logging.info("learner %d down at t=%.1f: %s", m, now, why)
-    self.pool.crashed(failure.slice_index)
-    repair = self.run.faults.repair_seconds if repair is None else repair
-    self.clock.after(repair, Event("slice_repaired", payload=failure.slice_index))
-    spare = self.pool.take_spare()
-    if spare is not None:
-      self.clock.after(self.run.faults.spare_swap_seconds, Event("rejoin", m, spare))
-    else:
-      self.pool.wait(m)
-    self._maybe_merge()
-
-  def _on_slice_repaired(self, event: Event) -> None:
-    self._schedule_slice_crash(event.payload)
-    learner = self.pool.repaired(event.payload)
-    if learner is not None:
-      self._rejoin(self.learners[learner], event.payload)
-
-  def _on_rejoin(self, event: Event) -> None:
-    self._rejoin(self.learners[event.learner], event.payload)
-
-  def _rejoin(self, learner: Learner, slice_index: int) -> None:
-    """The learner comes back on a healthy slice: current Θ, fresh inner state, data after its last report.
-
-    While a report it sent before failing is still on its way, the rejoin waits for that report's
-    merge: if the syncer quarantines it, its data must be served again, so where the shard resumes
-    is only known then.
-    """
-    if self.pool.is_repairing(slice_index):  # the spare failed during the swap: wait for the next slice
-      self.pool.wait(learner.index, first=True)
-      return
-    if learner.reports_out:
-      self.pool.hold(learner.index, slice_index)
-      return
-    self.pool.release(learner.index)
-    learner.rejoin(slice_index, self.slices[slice_index], self.syncer.params, self.syncer.version, self.clock.now())
-    self.log.fault("rejoin", learner.index, self.clock.now(), f"on slice {slice_index}")
-    self._start_round(learner)
-
-  def _on_straggler(self, event: Event) -> None:
-    self.clock.set_slowdown(event.learner, event.payload)
-    self.log.fault("straggler", event.learner, self.clock.now(), f"slowdown x{event.payload:g}")
-
-  def _on_corrupt(self, event: Event) -> None:
-    self.learners[event.learner].corrupt_next_report(event.payload)
-    self.log.fault("corrupt", event.learner, self.clock.now(), f"next report: {event.payload}")
-
-  def _on_link(self, event: Event) -> None:
-    self.links.fail(event.learner, *event.payload)
-    self.log.fault("link", event.learner, self.clock.now(), f"{event.payload[1]} until t={event.payload[0]:g}")
-
-  def _on_report_timeout(self, event: Event) -> None:
-    """A learner whose report was lost pulls the current Θ and trains that data again."""
-    self._on_params_arrived(Event("params_arrived", event.learner, self.syncer.answer(event.payload, "lost")))
 
 
 def train_diloco(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str) -> RunResult:

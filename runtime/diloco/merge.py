@@ -6,6 +6,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from numpy.typing import ArrayLike
 
 from runtime.config import MERGE_METHODS
 
@@ -15,11 +17,14 @@ PyTree = Any
 DEFAULT_EPS = 1e-12
 
 
-def token_weight(tokens: jax.typing.ArrayLike, steps: jax.typing.ArrayLike) -> jax.Array:
-  """Returns the learner weight tokens * (tokens / steps), 0 where steps or tokens is 0."""
-  tokens = jnp.asarray(tokens, jnp.float32)
-  steps = jnp.asarray(steps, jnp.float32)
-  return tokens * _safe_div(tokens, steps)
+def token_weight(tokens: ArrayLike, steps: ArrayLike) -> np.ndarray:
+  """Returns the learner weight tokens * (tokens / steps) in float32, 0 where steps or tokens is 0.
+
+  NumPy on the host: the syncer's weights never touch the default (accelerator) device.
+  """
+  tokens = np.asarray(tokens, np.float32)
+  steps = np.asarray(steps, np.float32)
+  return tokens * np.divide(tokens, steps, out=np.zeros_like(tokens), where=steps > 0)
 
 
 def is_embedding(path: str) -> bool:

@@ -83,11 +83,15 @@ class Syncer:
     self.tx = outer_optimizer(cfg)
     self.version = 0
     self.params = params
-    self.opt_state = jax.jit(self.tx.init)(params)
+    self._sharding = jax.tree.leaves(params)[0].sharding  # the host CPU device, where all syncer work runs
+    # Explicit: momentum buffers depend on no input value, so jit would otherwise put them on the default device.
+    self.opt_state = jax.jit(self.tx.init, out_shardings=self._sharding)(params)
     self._overlap_steps = overlap_steps
     self._history: dict[int, PyTree] = {0: params}
     self._accepted_norm_ema: float | None = None
     self._pending: list[Report] = []
+    self._failed_merges = 0  # merges in a row that committed nothing, and their reasons
+    self._failed: list[str] = []
     # Moving averages of a learner's step time, the time from a first report to quorum, and a sync.
     self.xi_step, self.xi_quorum, self.xi_sync = (Ema(cfg.ema_decay) for _ in range(3))
     mean_for = merge_lib.is_embedding if cfg.embed_mean else None
@@ -164,31 +168,39 @@ class Syncer:
         quarantined.append((report.learner, reason))
       else:
         keep.append(i)
+    rejected = MergeResult(version=self.version, params=self.params, opt_state=self.opt_state, merged=(),
+                           weights=(), staleness=(), delta_norms=(), quarantined=tuple(quarantined),
+                           update_norm=0.0, tokens=0, steps=0)
     if not keep:
-      return MergeResult(version=self.version, params=self.params, opt_state=self.opt_state, merged=(), weights=(),
-                         staleness=(), delta_norms=(), quarantined=tuple(quarantined), update_norm=0.0, tokens=0,
-                         steps=0)
+      return rejected
     kept = [reports[i] for i in keep]
     if self.cfg.token_weighting:
-      weights = np.array([float(merge_lib.token_weight(r.tokens, r.steps)) for r in kept])
+      weights = merge_lib.token_weight([r.tokens for r in kept], [r.steps for r in kept])
     else:
-      weights = np.ones(len(kept))
+      weights = np.ones(len(kept), np.float32)
     # A merge of n of M learners is n/M of a synchronous outer step (outer.scale == "fraction").
-    scale = len(kept) / self.num_learners if self.cfg.scale == "fraction" else 1.0
+    scale = np.float32(len(kept) / self.num_learners if self.cfg.scale == "fraction" else 1.0)
     with warnings.catch_warnings():
       # Θ and the momentum can reuse two of the donated deltas; the others are freed early, unused.
       warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+      # Every operand is placed explicitly where Θ lives (the host CPU), never on the default device.
       params, opt_state, update_norm = self._step(self.params, self.opt_state, [deltas[i] for i in keep],
-                                                  jnp.asarray(weights, jnp.float32), jnp.float32(scale))
+                                                  *jax.device_put((weights, scale), self._sharding))
+    update_norm, delta_norm = float(update_norm), float(np.mean(norms[keep]))
+    reason = self._screen_step(update_norm, delta_norm)
+    if reason:  # Θ would diverge: nothing is committed, and the reports' data is trained again
+      return dataclasses.replace(rejected, quarantined=(*rejected.quarantined, *((r.learner, reason) for r in kept)))
     return MergeResult(
         version=self.version + 1, params=params, opt_state=opt_state, merged=tuple(r.learner for r in kept),
         quarantined=tuple(quarantined), weights=tuple(float(w) for w in weights),
         staleness=tuple(self.version - r.base_version for r in kept),
-        delta_norms=tuple(float(norms[i]) for i in keep), update_norm=float(update_norm),
+        delta_norms=tuple(float(norms[i]) for i in keep), update_norm=update_norm,
         tokens=sum(r.tokens for r in kept), steps=sum(r.steps for r in kept))
 
   def commit(self, result: MergeResult, live_versions: Sequence[int]) -> None:
     """Adopts a computed merge; keeps only the Θ versions some learner still works from."""
+    self._failed = [] if result.merged else [*self._failed, *(why for _, why in result.quarantined)][-64:]
+    self._failed_merges = 0 if result.merged else self._failed_merges + 1
     if result.merged:
       self.params, self.opt_state, self.version = result.params, result.opt_state, result.version
       mean_norm = float(np.mean(result.delta_norms))
@@ -203,6 +215,30 @@ class Syncer:
     afresh from Θ and trains that report's data again) or "lost" on its link (it trains it again)."""
     rewind_to = None if verdict == "merged" else report.data_start
     return Delivery(self.version, self.params, report.round, reset=verdict == "quarantined", rewind_to=rewind_to)
+
+  def divergence(self) -> str:
+    """Why training has diverged (outer.divergence_merges merges in a row committed nothing), or ''."""
+    n = self.cfg.divergence_merges
+    if self._failed_merges < n:
+      return ""
+    if any(why.startswith("outer step") for why in self._failed):
+      likely = (f"outer.lr (now {self.cfg.lr:g}) or outer.momentum (now {self.cfg.momentum:g}): the outer "
+                "step itself blew up")
+    elif any(why == "non-finite" for why in self._failed):
+      likely = "inner.lr or inner.grad_clip: the learners' own training produced NaN/Inf"
+    else:
+      likely = ("inner.lr, or outer.quarantine_factor / outer.max_delta_norm if such deltas are expected: "
+                "every report was far larger than the accepted ones")
+    return (f"training diverged: {n} merges in a row committed nothing to Θ (last reason: {self._failed[-1]}). "
+            f"Likely cause: {likely}. Θ was left at version {self.version}.")
+
+  def _screen_step(self, update_norm: float, delta_norm: float) -> str:
+    """Why an outer step of this norm must not be committed, or '' if it may."""
+    limit = self.cfg.max_update_ratio * max(delta_norm, self._accepted_norm_ema or 0.0)
+    if not np.isfinite(update_norm) or update_norm > limit:
+      return (f"outer step rejected: its norm {update_norm:.3g} > outer.max_update_ratio "
+              f"{self.cfg.max_update_ratio:g} × the merged deltas' norm {delta_norm:.3g}")
+    return ""
 
   def _screen(self, norm: float) -> str:
     """Why a delta of this norm must not be merged, or '' if it may."""

@@ -1,0 +1,101 @@
+"""The controller's fault handlers: crashes, repairs and rejoins, stragglers, corrupt reports, link faults.
+
+A mixin of `Controller` (it uses the controller's clock, learners, syncer, slice pool and run log): the
+event loop dispatches `_on_<kind>` for these fault events exactly as for the others.
+"""
+
+from absl import logging
+
+from runtime.diloco.clock import Event
+from runtime.diloco.learner import DONE, DOWN, Learner
+
+
+class Recovery:
+  """Handlers of the fault events; everything a failed learner needs to come back."""
+
+  def _schedule_slice_crash(self, slice_index: int) -> None:
+    at = self.crashes.next_slice_crash(slice_index)
+    if at is not None:
+      self.clock.after(at - self.clock.now(), Event("slice_crash", payload=slice_index))
+
+  def _on_slice_crash(self, event: Event) -> None:
+    s = event.payload
+    self.crashes.happened("slice", s)
+    owner = next((l for l in self.learners if l.slice_index == s and l.status != DOWN), None)
+    if owner is not None:
+      self._crash(owner, "slice interrupted")
+    else:
+      self.pool.failed_idle(s)
+      self.clock.after(self.run.faults.repair_seconds, Event("slice_repaired", payload=s))
+
+  def _on_learner_crash(self, event: Event) -> None:
+    self.crashes.happened("learner", event.learner)
+    learner = self.learners[event.learner]
+    if learner.status not in (DOWN, DONE):
+      self._crash(learner, "scheduled crash", repair=event.payload.repair if event.payload.repair >= 0 else None)
+
+  def _crash(self, learner: Learner, why: str, repair: float | None = None) -> None:
+    """Removes the learner's future, writes off its unmerged work, and arranges its return."""
+    now, m = self.clock.now(), learner.index
+    failure = learner.fail(now)
+    why += failure.detail
+    self.crashes.fired(m)
+    self._write_off(failure.unmerged_tokens)
+    self.ledger.lost(failure.lost_seconds)
+    if self.injector:
+      self.injector.disarm(m)
+    self.clock.cancel(lambda e: e.learner == m and e.kind in ("part_done", "params_arrived"))
+    self.log.fault("crash", m, now, why)
+    logging.info("learner %d down at t=%.1f: %s", m, now, why)
+    self.pool.crashed(failure.slice_index)
+    repair = self.run.faults.repair_seconds if repair is None else repair
+    self.clock.after(repair, Event("slice_repaired", payload=failure.slice_index))
+    spare = self.pool.take_spare()
+    if spare is not None:
+      self.clock.after(self.run.faults.spare_swap_seconds, Event("rejoin", m, spare))
+    else:
+      self.pool.wait(m)
+    self._maybe_merge()
+
+  def _on_slice_repaired(self, event: Event) -> None:
+    self._schedule_slice_crash(event.payload)
+    learner = self.pool.repaired(event.payload)
+    if learner is not None:
+      self._rejoin(self.learners[learner], event.payload)
+
+  def _on_rejoin(self, event: Event) -> None:
+    self._rejoin(self.learners[event.learner], event.payload)
+
+  def _rejoin(self, learner: Learner, slice_index: int) -> None:
+    """The learner comes back on a healthy slice: current Θ, fresh inner state, data after its last report.
+
+    While a report it sent before failing is still on its way, the rejoin waits for that report's
+    merge: if the syncer quarantines it, its data must be served again, so where the shard resumes
+    is only known then.
+    """
+    if self.pool.is_repairing(slice_index):  # the spare failed during the swap: wait for the next slice
+      self.pool.wait(learner.index, first=True)
+      return
+    if learner.reports_out:
+      self.pool.hold(learner.index, slice_index)
+      return
+    self.pool.release(learner.index)
+    learner.rejoin(slice_index, self.slices[slice_index], self.syncer.params, self.syncer.version, self.clock.now())
+    self.log.fault("rejoin", learner.index, self.clock.now(), f"on slice {slice_index}")
+    self._start_round(learner)
+
+  def _on_straggler(self, event: Event) -> None:
+    self.clock.set_slowdown(event.learner, event.payload)
+    self.log.fault("straggler", event.learner, self.clock.now(), f"slowdown x{event.payload:g}")
+
+  def _on_corrupt(self, event: Event) -> None:
+    self.learners[event.learner].corrupt_next_report(event.payload)
+    self.log.fault("corrupt", event.learner, self.clock.now(), f"next report: {event.payload}")
+
+  def _on_link(self, event: Event) -> None:
+    self.links.fail(event.learner, *event.payload)
+    self.log.fault("link", event.learner, self.clock.now(), f"{event.payload[1]} until t={event.payload[0]:g}")
+
+  def _on_report_timeout(self, event: Event) -> None:
+    """A learner whose report was lost pulls the current Θ and trains that data again."""
+    self._on_params_arrived(Event("params_arrived", event.learner, self.syncer.answer(event.payload, "lost")))
