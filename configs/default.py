@@ -65,6 +65,9 @@ def get_config() -> ml_collections.ConfigDict:
   # How the stream is cut into one shard per learner: "strided" (each shard samples the whole
   # corpus) or "contiguous" (each shard is a span of whole files: non-IID learners).
   config.data.shard_layout = "strided"
+  # Per-learner batch sizes (empty = batch_size / learners each), e.g. smaller on a slower hardware class;
+  # they must sum to batch_size. Token weighting gives larger batches more weight in merges.
+  config.data.learner_batches = ()
   # Batches prepared ahead in a background thread.
   config.data.prefetch = 4
 
@@ -102,9 +105,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.outer.grace_seconds = 0.0
   # Decay of the moving averages behind the adaptive grace window.
   config.outer.ema_decay = 0.9
-  # How learners adopt Θ: "overwrite", or "mix" with mix_alpha of their local parameters.
-  config.outer.receive = "overwrite"
-  config.outer.mix_alpha = 0.0
+  # What a learner does with its τ overlap steps when Θ arrives: "carry" (θ ← Θ + the overlap progress;
+  # reaches Θ in its next report), "mix" (θ ← (1−mix_alpha)·Θ + mix_alpha·θ, Streaming DiLoCo), or
+  # "overwrite" (θ ← Θ; the overlap steps' data is trained again).
+  config.outer.receive = "carry"
+  config.outer.mix_alpha = 0.5
+  # A learner that has finished its overlap steps and still has no Θ keeps training (τ more steps at a time).
+  config.outer.keep_training = False
   # Reports whose delta norm is non-finite, above max_delta_norm, or above quarantine_factor × the
   # recent norm are quarantined, never merged.
   config.outer.quarantine_factor = 100.0

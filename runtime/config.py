@@ -14,7 +14,7 @@ MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
 CLOCKS = ("virtual", "real")
 GRACE_KINDS = ("none", "adaptive", "fixed")
 MERGE_METHODS = ("rda", "mean")  # per tensor: radial-directional averaging, or the weighted mean
-RECEIVE_MODES = ("overwrite", "mix")
+RECEIVE_MODES = ("carry", "overwrite", "mix")  # what happens to overlap steps when Θ arrives
 OUTER_GRAD_BASES = ("current", "base")
 OUTER_SCALES = ("fraction", "none")
 POSITIONS = ("rotary", "learned")
@@ -31,6 +31,7 @@ class DataConfig:
   seq_len: int = 128
   batch_size: int = 32  # global: summed over all learners / all devices
   prefetch: int = 2
+  learner_batches: tuple[int, ...] = ()  # per-learner batch sizes summing to batch_size; empty = equal shares
   shard_layout: str = "strided"  # "strided" (each shard spans the corpus) or "contiguous" (a span of files)
 
 
@@ -64,8 +65,9 @@ class OuterConfig:
   grace_gamma: float = 1.0
   grace_seconds: float = 0.0  # for grace == "fixed"
   ema_decay: float = 0.9  # moving averages behind the adaptive grace window
-  receive: str = "overwrite"
-  mix_alpha: float = 0.0  # receive == "mix": θ ← (1−α)·Θ + α·θ_local
+  receive: str = "carry"  # "carry": θ ← Θ + overlap progress; "mix": θ ← (1−α)·Θ + α·θ; "overwrite": θ ← Θ
+  mix_alpha: float = 0.5  # receive == "mix": θ ← (1−α)·Θ + α·θ_local
+  keep_training: bool = False  # after its τ overlap steps, a learner still without Θ trains τ more (kept)
   quarantine_factor: float = 100.0  # a delta norm above this × the recent norm is quarantined
   max_delta_norm: float = 1e6  # ... and so is any delta norm above this
   max_update_ratio: float = 100.0  # an outer step above this × the merged deltas' norm is never committed
@@ -121,9 +123,30 @@ class RunConfig:
     """Training tokens the run consumes, the same for every mode."""
     return self.total_steps * self.tokens_per_step
 
+  def learner_batch(self, m: int) -> int:
+    """Learner m's batch size (sequences per inner step)."""
+    return self.data.learner_batches[m] if self.data.learner_batches else self.data.batch_size // self.learners
+
   @property
   def num_slices(self) -> int:
     return self.slices or (1 if self.mode == "dp" else self.learners)
+
+
+def with_fields(run: RunConfig, fields: dict[str, Any]) -> RunConfig:
+  """`run` with dotted fields replaced ({"outer.quorum": 8, "seed": 1}), validated."""
+  sections: dict[str, dict[str, Any]] = {}
+  top = {}
+  for path, value in fields.items():
+    section, _, name = path.rpartition(".")
+    target = sections.setdefault(section, {}) if section else top
+    owner = getattr(run, section) if section else run
+    if not dataclasses.is_dataclass(owner) or name not in {f.name for f in dataclasses.fields(owner)}:
+      raise ConfigError(path, value, f"a field of {type(owner).__name__}")
+    target[name] = value
+  nested = {s: dataclasses.replace(getattr(run, s), **v) for s, v in sections.items()}
+  run = dataclasses.replace(run, **top, **nested)
+  validate(run)
+  return run
 
 
 # Fields that moved between sections: the error for the old name says where they went.
@@ -222,8 +245,14 @@ def validate(run: RunConfig) -> None:
   else:
     check(run.num_devices % run.num_slices == 0, "num_devices", run.num_devices,
            f"a multiple of the number of slices ({run.num_slices})")
-    check((d.batch_size // groups) % per_slice == 0, "data.batch_size", d.batch_size,
-           f"a multiple of learners × devices per slice ({groups} × {per_slice})")
+    if d.learner_batches:
+      check(len(d.learner_batches) == run.learners and sum(d.learner_batches) == d.batch_size
+            and all(b > 0 and b % per_slice == 0 for b in d.learner_batches), "data.learner_batches",
+            d.learner_batches, f"one batch size per learner ({run.learners}), each a positive multiple of the "
+            f"devices per slice ({per_slice}), summing to data.batch_size ({d.batch_size})")
+    else:
+      check((d.batch_size // groups) % per_slice == 0, "data.batch_size", d.batch_size,
+            f"a multiple of learners × devices per slice ({groups} × {per_slice})")
   check(i.lr > 0, "inner.lr", i.lr, "a float > 0")
   check(0 <= i.warmup_steps, "inner.warmup_steps", i.warmup_steps, "an integer >= 0")
   check(0 <= i.min_lr_ratio <= 1, "inner.min_lr_ratio", i.min_lr_ratio, "a float in [0, 1]")
@@ -242,7 +271,10 @@ def validate(run: RunConfig) -> None:
   check(o.grace_seconds >= 0, "outer.grace_seconds", o.grace_seconds, "a float >= 0")
   check(0 <= o.ema_decay < 1, "outer.ema_decay", o.ema_decay, "a float in [0, 1)")
   check(o.receive in RECEIVE_MODES, "outer.receive", o.receive, f"one of {RECEIVE_MODES}")
-  check(0 <= o.mix_alpha < 1, "outer.mix_alpha", o.mix_alpha, "a float in [0, 1)")
+  check(0 < o.mix_alpha < 1 or (o.receive != "mix" and o.mix_alpha == 0), "outer.mix_alpha", o.mix_alpha,
+        "a float in (0, 1)")
+  check(not o.keep_training or (o.receive != "overwrite" and run.overlap_steps > 0), "outer.keep_training",
+        o.keep_training, "False unless overlap_steps > 0 and outer.receive keeps the overlap work ('carry' or 'mix')")
   check(c.kind in CLOCKS, "clock.kind", c.kind, f"one of {CLOCKS}")
   check(c.step_seconds > 0, "clock.step_seconds", c.step_seconds, "a float > 0")
   check(not c.speeds or len(c.speeds) == run.learners, "clock.speeds", c.speeds,

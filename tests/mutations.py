@@ -1,6 +1,6 @@
 """Mutation check of the core's guards: each plausible bug below must make its named test fail.
 
-Run from the repository root:  python tests/mutations.py [NAME ...]   (about 2 minutes on 2 cores)
+Run from the repository root:  python tests/mutations.py [NAME ...]   (about 4 minutes on 2 cores)
 
 Each mutation is applied to a copy of the working tree, and only the test named for it runs there;
 the line printed says CAUGHT (the test failed, as it must) or MISSED. A mutation whose text no longer
@@ -36,7 +36,20 @@ MUTATIONS = {
     "overlap_overwritten_without_rewind": (
         "runtime/diloco/learner.py",
         "      self._data.restore(self._reported_position)  # overlap steps were overwritten: serve their data again\n",
-        "", "tests/test_diloco.py::test_grace_window_merges_more_learners_without_lowering_busy_fraction"),
+        "", "tests/test_overlap.py::test_overwrite_still_trains_the_overlap_data_again_as_an_ablation"),
+    "overlap_progress_dropped": (
+        "runtime/diloco/learner.py", "      theta = _carry(theta, self.state.params, self._at_report)\n",
+        "      pass\n",
+        "tests/test_learner.py::test_adopting_theta_carries_the_overlap_progress_onto_it_and_into_the_next_report"),
+    "quorum_not_rechecked_when_a_learner_finishes": (
+        "runtime/diloco/controller.py", "      self._maybe_merge()  # a finished learner lowers the effective quorum\n",
+        "", "tests/test_diloco.py::test_a_learner_finishing_its_budget_lowers_the_quorum_and_the_last_reports_merge"),
+    "diverging_outer_step_committed": (
+        "runtime/diloco/syncer.py", "    if reason:  # Θ would diverge", "    if False:",
+        "tests/test_syncer.py::test_an_absurd_outer_step_is_never_committed_and_persistent_failure_names_the_likely_field"),
+    "inner_schedule_restarts_on_reset": (
+        "runtime/programs.py", "opt_state=_schedule_at(tx.init(params), step)", "opt_state=tx.init(params)",
+        "tests/test_learner.py::test_reset_starts_fresh_inner_state_at_the_learners_own_step"),
     "quorum_strictly_greater": (
         "runtime/diloco/syncer.py", "len(self._pending) >= self.quorum(able)", "len(self._pending) > self.quorum(able)",
         "tests/test_syncer.py::test_quorum_is_reached_at_exactly_k_reports_and_never_exceeds_the_learners_able"),

@@ -114,7 +114,7 @@ def test_grace_window_merges_more_learners_without_lowering_busy_fraction(tiny_c
   grace = _run(tiny_config)
   assert grace.extras["learners_per_merge"] > no_grace.extras["learners_per_merge"] + 0.5
   assert grace.extras["busy_min"] >= no_grace.extras["busy_min"] - 0.01
-  for result in (no_grace, grace):  # overlap steps overwritten by Θ have their data served again
+  for result in (no_grace, grace):  # overlap steps carried onto Θ reach it in the next report
     assert_ranges_tile(result, learners=range(4))
     assert result.tokens == modes.prepare(tiny_config).token_budget
 
@@ -164,3 +164,23 @@ def test_the_launcher_reports_divergence_in_one_line_with_a_non_zero_exit(tmp_pa
   assert done.returncode == 1, done.stderr[-2000:]
   assert done.stderr.strip().splitlines()[-1].startswith("error: training diverged"), done.stderr[-2000:]
   assert "Traceback" not in done.stderr
+
+
+def test_learners_with_different_batches_get_different_weights_and_the_weighting_acts(tiny_config):
+  # Regression: every report covered H − τ steps of one batch size, so w = c_tokens²/c_steps never differed.
+  tiny_config.learners = 2
+  tiny_config.num_devices = 2
+  tiny_config.data.learner_batches = (12, 4)
+  tiny_config.outer.quorum = 2
+  tiny_config.clock.speeds = (1.0, 1.0)
+  weighted = _run(tiny_config)
+  merge = next(r for r in weighted.records if r["kind"] == "merge")
+  weights = dict(zip(merge["merged"], merge["weights"]))
+  assert weights.keys() == {0, 1} and weights[0] == pytest.approx(9 * weights[1])
+  assert merge["time"] == pytest.approx(4 * 12 / 8, abs=1e-3)  # the larger batch's steps take 1.5× as long
+  assert_ranges_tile(weighted, learners=range(2))
+  assert weighted.tokens == modes.prepare(tiny_config).token_budget
+  tiny_config.outer.token_weighting = False
+  unweighted = _run(tiny_config)
+  differs = jax.tree.map(lambda a, b: not np.allclose(a, b, rtol=1e-3), weighted.params, unweighted.params)
+  assert any(jax.tree.leaves(differs))

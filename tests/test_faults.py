@@ -56,11 +56,9 @@ def test_crash_inside_the_device_program_is_survived_and_the_learner_rejoins(fou
   assert np.isfinite(result.final_eval_loss)
 
 
-def test_rejoining_learner_starts_from_the_syncers_current_theta(four_learners, monkeypatch):
-  four_learners.faults.schedule = "crash:learner=1,time=6"
-  four_learners.faults.repair_seconds = 5.0
-  controller = _controller(four_learners)
-  thetas, starts = {}, []  # every Θ version the syncer committed; what each round started from
+def _spy_on_round_starts(controller, monkeypatch):
+  """Every Θ version the syncer commits, and what each learner's first step after adopting Θ starts from."""
+  thetas, starts = {0: jax.device_get(controller.syncer.params)}, []
   real_commit, real_dispatch = Syncer.commit, Learner.dispatch
 
   def commit(syncer, result, *args):
@@ -75,15 +73,44 @@ def test_rejoining_learner_starts_from_the_syncers_current_theta(four_learners, 
 
   monkeypatch.setattr(Syncer, "commit", commit)
   monkeypatch.setattr(Learner, "dispatch", dispatch)
-  thetas[0] = jax.device_get(controller.syncer.params)
-  result = controller.train()
-  rejoin, = _faults(result, "rejoin")
-  after_rejoin = [s for s in starts if s[0] == 1 and s[1] == rejoin["time"]]
-  assert len(after_rejoin) == 1
-  _, _, base, current, _ = after_rejoin[0]
-  assert base == current > 0  # the Θ of that moment, not the one it had before failing
+  return thetas, starts
+
+
+def _assert_started_from(starts, thetas, learner, time):
+  """The learner's round that started at `time` started from the Θ current then; every round from its base."""
+  started = [s for s in starts if s[0] == learner and s[1] == time]
+  assert len(started) == 1
+  _, _, base, current, _ = started[0]
+  assert base == current > 0  # the Θ of that moment, not one it held before
   for _, _, base, _, params in starts:
     jax.tree.map(np.testing.assert_array_equal, params, thetas[base])
+
+
+def test_rejoining_learner_starts_from_the_syncers_current_theta(four_learners, monkeypatch):
+  four_learners.faults.schedule = "crash:learner=1,time=6"
+  four_learners.faults.repair_seconds = 5.0
+  controller = _controller(four_learners)
+  thetas, starts = _spy_on_round_starts(controller, monkeypatch)
+  result = controller.train()
+  rejoin, = _faults(result, "rejoin")
+  _assert_started_from(starts, thetas, 1, rejoin["time"])
+
+
+def test_a_finished_learner_given_budget_back_starts_from_the_current_theta(tiny_config, monkeypatch):
+  # Regression: learner 0 finished holding Θ v16; learner 1's report made v17; learner 2's last report was
+  # quarantined, which gave its budget back, and learner 0 trained it from v16.
+  tiny_config.learners = 3
+  tiny_config.num_devices = 3
+  tiny_config.data.batch_size = 12
+  tiny_config.total_steps = 24
+  tiny_config.clock.speeds = (1.0, 1.5, 2.5)
+  tiny_config.faults.schedule = "corrupt:learner=2,time=31,how=nan"
+  controller = _controller(tiny_config)
+  thetas, starts = _spy_on_round_starts(controller, monkeypatch)
+  result = controller.train()
+  quarantine, = _faults(result, "quarantine")
+  _assert_started_from(starts, thetas, 0, quarantine["time"])
+  _assert_no_token_skipped_or_repeated(result, modes.prepare(tiny_config).token_budget)
 
 
 def test_goodput_counts_only_the_work_that_reached_theta(four_learners):

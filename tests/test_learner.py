@@ -1,5 +1,7 @@
 """A learner on its own slice: rounds, reports, adopting Θ, failing and rejoining."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import optax
@@ -52,8 +54,14 @@ def test_a_round_books_its_tokens_steps_and_data_range_in_its_report(setup):
   assert learner.completions == [(3.0, 3)] and learner.total_steps == 3
 
 
+def _receiving(learner, receive):
+  learner.run = dataclasses.replace(learner.run, overlap_steps=1,
+                                    outer=dataclasses.replace(learner.run.outer, receive=receive))
+
+
 def test_adopting_theta_by_overwrite_serves_the_overlap_steps_data_again(setup):
   _, learner, host, theta, _ = setup
+  _receiving(learner, "overwrite")
   _part(learner, "main", 3, 0.0)
   learner.report_sent(learner.report(3.0, host))
   _part(learner, "overlap", 1, 3.0)
@@ -64,6 +72,27 @@ def test_adopting_theta_by_overwrite_serves_the_overlap_steps_data_again(setup):
   _part(learner, "main", 3, 4.0)
   report = learner.report(7.0, host)
   assert (report.data_start["position"], report.base_version, report.round) == (3, 1, 2)
+
+
+def test_adopting_theta_carries_the_overlap_progress_onto_it_and_into_the_next_report(setup):
+  # Regression: overlap steps were thrown away (overwrite) and their data trained again.
+  _, learner, host, theta, _ = setup
+  _receiving(learner, "carry")
+  _part(learner, "main", 3, 0.0)
+  sent = learner.report(3.0, host)
+  learner.report_sent(sent)
+  _part(learner, "overlap", 1, 3.0)
+  progress = jax.tree.map(np.subtract, jax.device_get(learner.state.params), jax.device_get(sent.params))
+  theta_new = jax.tree.map(lambda x: x + 0.5, theta)
+  assert learner.deliver(Delivery(1, theta_new, round=1))
+  assert learner.adopt(4.0) == 0  # nothing written off
+  jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, atol=1e-6),
+               jax.device_get(learner.state.params), jax.tree.map(np.add, theta_new, progress))
+  assert learner.carried_tokens == 16 * 32
+  _part(learner, "main", 3, 4.0)
+  report = learner.report(7.0, host)
+  assert (report.data_start["position"], report.data_end["position"]) == (3, 7)  # the overlap step's batch too
+  assert (report.tokens, report.steps, report.busy_seconds) == (4 * 16 * 32, 4, 4.0)
 
 
 def test_a_delivery_for_an_earlier_round_or_a_down_learner_is_ignored(setup):

@@ -44,3 +44,22 @@ def test_real_clock_survives_a_crash_raised_inside_the_device_program(tiny_confi
   assert result.tokens == run.token_budget
   _assert_ranges_tile(result)
   assert np.isfinite(result.final_eval_loss)
+
+
+def test_evaluating_after_every_merge_does_not_idle_the_learners(tiny_config):
+  # Regression: the controller evaluated Θ itself after merges, and every learner whose round ended
+  # meanwhile waited for it.
+  tiny_config.eval_batches = 16  # an evaluation costs about as much as a learner's round
+  tiny_config.data.eval_fraction = 0.1
+  tiny_config.total_steps = 24
+  busy = {}
+  for name, every in (("never", 10_000), ("every merge", 1)):
+    tiny_config.eval_every = every
+    tiny_config.clock.kind = "real"
+    tiny_config.learners = 2
+    prepared = modes.prepare(tiny_config)
+    result = Controller(prepared, Experiment(prepared), None, name).train()
+    evals, merges = ([r for r in result.records if r["kind"] == kind] for kind in ("eval", "merge"))
+    assert len(evals) == 1 if every > 100 else len(evals) >= len(merges) >= 8
+    busy[name] = result.extras["busy_mean"]
+  assert busy["every merge"] >= busy["never"] - 0.02, busy

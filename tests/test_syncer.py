@@ -11,7 +11,7 @@ import pytest
 from runtime import devices as devices_lib
 from runtime.config import OuterConfig
 from runtime.diloco.messages import Report
-from runtime.diloco.syncer import Syncer, outer_step
+from runtime.diloco.syncer import Syncer, merge_sizes, outer_step
 
 
 def _report(learner, params, tokens=100, steps=10, base=0):
@@ -101,12 +101,12 @@ def test_outer_step_with_unit_sgd_moves_theta_by_the_scaled_merged_outer_gradien
 def test_the_syncer_computes_on_the_host_device_whatever_the_default_device():
   # Regression: token weights and the weight/scale arrays were made on the default device (on an
   # accelerator, learner 0's first device), so a merge could queue behind learner 0's round.
-  devices = jax.devices()
-  assert len(devices) >= 2, "needs a default device other than the host's"
   host = devices_lib.host_device()
+  others = [d for d in jax.devices() if d != host]  # simulated CPU devices here; the accelerator on a GPU host
+  assert others, "needs a default device other than the host's"
   on_host = lambda tree: jax.device_put(tree, host)
   cfg = OuterConfig(lr=1.0, momentum=0.9, nesterov=True, merge="rda", token_weighting=True)
-  with jax.default_device(next(d for d in devices if d != host)):
+  with jax.default_device(others[0]):
     syncer = Syncer(cfg, on_host({"w": np.zeros(3, np.float32), "embed": np.ones(2, np.float32)}), num_learners=4)
     reports = [_report(0, on_host({"w": np.full(3, 1.0, np.float32), "embed": np.zeros(2, np.float32)}), 100, 10),
                _report(1, on_host({"w": np.full(3, 2.0, np.float32), "embed": np.ones(2, np.float32)}), 300, 20)]
@@ -140,3 +140,24 @@ def test_a_committed_merge_resets_the_count_of_failed_merges():
   assert not syncer.divergence()
   syncer.commit(syncer.compute([_report(0, {"w": jnp.array([jnp.inf, 0.0, 0.0])})]), [0])
   assert "inner.lr" in syncer.divergence()
+
+
+def test_after_compile_merges_no_merge_size_compiles_on_the_critical_path():
+  # Regression: the outer step was compiled anew for every new number of merged reports, inside the merge.
+  assert merge_sizes(8) == (1, 2, 4, 8) and merge_sizes(3) == (1, 2, 3) and merge_sizes(1) == (1,)
+  host = devices_lib.host_device()
+  cfg = OuterConfig(merge="rda", momentum=0.9, nesterov=True)
+  syncer = Syncer(cfg, jax.device_put({"w": np.zeros(3, np.float32)}, host), num_learners=4)
+  syncer.compile_merges()
+  reports = {n: [_report(m, jax.device_put({"w": np.full(3, m + 1.0, np.float32)}, host)) for m in range(n)]
+             for n in (1, 2, 3, 4)}
+  compiles = []
+  listener = lambda event, *_, **__: compiles.append(event) if "backend_compile" in event else None
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    for n in (1, 3, 2, 4):
+      result = syncer.compute(reports[n])
+      syncer.commit(result, [syncer.version])
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert not compiles, compiles

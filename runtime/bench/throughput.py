@@ -258,13 +258,15 @@ def run(config: ml_collections.ConfigDict, bench: BenchConfig) -> dict[str, floa
         "learners": lambda: hand_learners_tokens_per_second(decoupled, exp, bench.hand_rounds),
         "dp": lambda: launcher_dp_tokens_per_second(dp, exp, bench.skip_steps),
     }, bench.repeats)
+    devices = len(devices_lib.controller_devices(decoupled.num_devices))
     emit("decoupled_vs_dp", f"real-clock Decoupled DiLoCo (M={decoupled.learners}, K={decoupled.outer.quorum}, "
-         f"H={decoupled.inner_steps}, {bench.diloco_steps} steps, first {bench.skip_rounds} rounds per learner "
+         f"H={decoupled.inner_steps}, τ={decoupled.overlap_steps}, receive={decoupled.outer.receive}, keep_training="
+         f"{decoupled.outer.keep_training}, {bench.diloco_steps} steps, first {bench.skip_rounds} rounds per learner "
          f"and the drain untimed) vs DP ({bench.dp_steps} steps, timed from step {bench.skip_steps}); "
-         f"{decoupled.num_devices} devices, global batch {decoupled.data.batch_size}", rows, "decoupled", "dp")
+         f"{devices} devices, global batch {decoupled.data.batch_size}", rows, "decoupled", "dp")
     # The same repeats, split: what the learners' programs alone reach, and the runtime's share of that.
     emit("learners_vs_dp", f"the learners' round programs by hand ({decoupled.learners} loops, one per "
-         f"{decoupled.num_devices // decoupled.num_slices}-device slice, batch "
+         f"{devices // decoupled.num_slices}-device slice, batch "
          f"{decoupled.data.batch_size // decoupled.learners} each, {bench.hand_rounds} rounds of "
          f"{decoupled.inner_steps} steps timed, no syncer) vs DP: what these devices allow M learners",
          rows, "learners", "dp", target=None)

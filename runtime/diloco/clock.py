@@ -10,7 +10,7 @@ import concurrent.futures
 import dataclasses
 import heapq
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -60,9 +60,12 @@ class _Timeline:
 class VirtualClock:
   """Deterministic time: work takes its modeled duration, whatever the host really spent."""
 
-  def __init__(self, cfg: ClockConfig, num_learners: int, seed: int):
+  def __init__(self, cfg: ClockConfig, num_learners: int, seed: int, batch_shares: Sequence[float] = ()):
     self.cfg = cfg
-    self._speeds = np.asarray(cfg.speeds or (1.0,) * num_learners, np.float64)
+    # A learner's step time scales with its hardware (speeds) and its share of the work (batch_shares: its
+    # batch over an equal share; a smaller batch on a slower class evens their step times).
+    self._speeds = (np.asarray(cfg.speeds or (1.0,) * num_learners, np.float64)
+                    * np.asarray(batch_shares or (1.0,) * num_learners, np.float64))
     self._rng = np.random.default_rng(seed)
     self._timeline = _Timeline()
     self._now = 0.0
@@ -116,8 +119,8 @@ class VirtualClock:
 class RealClock:
   """Wall time: device programs and merges fire when they really finish."""
 
-  def __init__(self, cfg: ClockConfig, num_learners: int, seed: int):
-    del seed
+  def __init__(self, cfg: ClockConfig, num_learners: int, seed: int, batch_shares: Sequence[float] = ()):
+    del seed, batch_shares  # real hardware takes as long as it takes
     self.cfg = cfg
     self._start = time.perf_counter()
     self._timeline = _Timeline()
@@ -186,6 +189,7 @@ class RealClock:
         time.sleep(timeout)
 
 
-def make_clock(cfg: ClockConfig, num_learners: int, seed: int) -> VirtualClock | RealClock:
+def make_clock(cfg: ClockConfig, num_learners: int, seed: int,
+               batch_shares: Sequence[float] = ()) -> VirtualClock | RealClock:
   """The clock named by cfg.kind."""
-  return (VirtualClock if cfg.kind == "virtual" else RealClock)(cfg, num_learners, seed)
+  return (VirtualClock if cfg.kind == "virtual" else RealClock)(cfg, num_learners, seed, batch_shares)

@@ -46,16 +46,17 @@ class Controller(Recovery):
     self.crashes = CrashPlan(f.schedule, [crash_times(f, s, run.seed) for s in range(len(self.slices))])
     self.injector = injection.Injector(run.learners) if f.schedule or f.mtbi_chip_seconds > 0 else None
     tx = inner_optimizer(run.inner, run.total_steps)
-    per_learner = run.data.batch_size // run.learners
-    self.learners = [Learner(m, m, self.slices[m], run, exp.shard(m, run.learners, per_learner), tx, self.injector)
-                     for m in range(run.learners)]
+    self.learners = [Learner(m, m, self.slices[m], run, exp.shard(m, run.learners, run.learner_batch(m)), tx,
+                             self.injector) for m in range(run.learners)]
     self.pool = SlicePool(len(self.slices), in_use=run.learners)
     theta = jax.jit(lm.init_params, static_argnums=0, out_shardings=self.host_sharding)(
         run.model, jax.random.key(run.seed))
     self.syncer = Syncer(run.outer, theta, run.learners, run.overlap_steps)
-    self.clock = make_clock(run.clock, run.learners, run.seed)
+    shares = [run.learner_batch(m) * run.learners / run.data.batch_size for m in range(run.learners)]
+    self.clock = make_clock(run.clock, run.learners, run.seed, shares)
     self.links = Links(self.clock.transfer_seconds, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(theta)))
     self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="syncer")
+    self.worker.submit(self.syncer.compile_merges)  # every merge size, before the first merge needs one
     self.ledger = Ledger(num_slices=len(self.slices))
     self.merge_state = "idle"  # "idle" | "scheduled" | "running"
     self.tokens_dispatched = 0
@@ -66,7 +67,8 @@ class Controller(Recovery):
   def train(self) -> RunResult:
     """Runs to the token budget and a final merge; returns the summary."""
     with make_logger(self.run, self.workdir, self.name) as logger:
-      self.log = RunLog(self.run, self.exp, logger, self.name, self.host_mesh, self.links)
+      self.log = RunLog(self.run, self.exp, logger, self.name, self.host_mesh, self.links,
+                        background_evals=self.run.clock.kind == "real")
       for s in range(len(self.slices)):
         self._schedule_slice_crash(s)
       for at, kind, m, payload in timed_events(self.run.faults.schedule):
@@ -84,6 +86,7 @@ class Controller(Recovery):
       if self.injector is not None:
         injection.settle(self.injector, [self.slices[s] for s in self.pool.take_crashed()])
       self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp(), force=True)
+      self.log.close()
       return self.log.result(self.learners, self.ledger, now, self.clock.virtual_seconds(), self.syncer.params)
 
   def _loop(self) -> None:
@@ -108,12 +111,19 @@ class Controller(Recovery):
   # Learners ----------------------------------------------------------------------------------------
 
   def _start_round(self, learner: Learner) -> None:
-    self._dispatch(learner, "main", self.run.inner_steps - self.run.overlap_steps)
+    steps = self.run.inner_steps - self.run.overlap_steps
+    if learner.carried_tokens and not self._fits(learner, steps):  # the last of the budget: report what it has
+      self._send_report(learner, self.clock.now())
+      return
+    self._dispatch(learner, "main", steps)
+
+  def _fits(self, learner: Learner, steps: int) -> bool:
+    return self.tokens_dispatched + steps * learner.tokens_per_batch <= self.run.token_budget
 
   def _dispatch(self, learner: Learner, kind: str, steps: int) -> bool:
     """Dispatches a part of the learner's round within the token budget; False if none was dispatched."""
     tokens = steps * learner.tokens_per_batch
-    if self.tokens_dispatched + tokens > self.run.token_budget:
+    if not self._fits(learner, steps):
       learner.set_status(DONE if kind == "main" else WAITING, self.clock.now())
       self._maybe_merge()  # a finished learner lowers the effective quorum
       return False
@@ -165,7 +175,7 @@ class Controller(Recovery):
       learner.set_status(WAITING, now)
     elif learner.inbox is not None:
       self._adopt(learner)
-    else:
+    elif not (self.run.outer.keep_training and self._dispatch(learner, "overlap", self.run.overlap_steps)):
       learner.set_status(WAITING, now)
 
   def _send_report(self, learner: Learner, now: float) -> None:
@@ -194,9 +204,10 @@ class Controller(Recovery):
     """Tokens trained on but lost before reaching Θ go back into the budget (their data is served again)."""
     self.tokens_dispatched -= tokens
     for learner in self.learners:
-      if tokens and learner.status == DONE:  # finished learners take the returned budget
+      if tokens and learner.status == DONE:  # finished learners take the returned budget, from the current Θ
         learner.set_status(WAITING, self.clock.now())
-        self._start_round(learner)
+        learner.deliver(self.syncer.latest(learner.round))
+        self._adopt(learner)
 
   # The syncer ----------------------------------------------------------------------------------------
 

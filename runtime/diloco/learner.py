@@ -22,6 +22,7 @@ from runtime.config import RunConfig
 from runtime.diloco.messages import Delivery, Report
 from runtime.faults import injection
 from runtime.programs import TrainState, init_state, make_round
+from runtime.staging import Stager
 
 PyTree = Any
 
@@ -52,7 +53,7 @@ class Failure:
   slice_index: int
   detail: str  # ", awaiting its round: ..." or similar, appended to the crash's cause
   unmerged_tokens: int  # tokens trained (or in flight) since the last report
-  lost_seconds: float  # busy slice time of a round that had sent no report
+  lost_seconds: float  # busy slice time since its last report
 
 
 class Learner:
@@ -66,7 +67,7 @@ class Learner:
     self.tx = tx
     self.injector = injector
     self.tokens_per_batch = stream.tokens_per_batch
-    self._data = data_lib.Prefetcher(stream, depth=run.data.prefetch)
+    self._data = Stager(stream, run.data.prefetch, str(index))
     self.move_to(slice_index, devices)
     self.state: TrainState | None = None
     self.status = WAITING
@@ -80,11 +81,13 @@ class Learner:
     self.busy_seconds = 0.0
     self.last_loss = float("nan")
     self.reports_out = 0  # reports sent and not yet merged or quarantined
+    self.carried_tokens = 0  # overlap work carried onto the last Θ: it reaches Θ in the next report
     self.completions: list[tuple[float, int]] = []  # (time, inner steps) of every finished part
     self.intervals: list[tuple[str, float, float, str]] = []
-    self._round_busy = 0.0  # busy seconds of this round's main part
-    self._reported_tokens = 0  # tokens of this round that went into a report
-    self._round_start: dict = self._data.state()  # data position when Θ was last received
+    self._unreported_busy = 0.0  # busy seconds of the parts collected since the last report
+    self._reported_tokens = self._reported_steps = 0  # what of this round went into a report
+    self._at_report: Any = None  # θ on the slice when the last report was taken (receive == "carry")
+    self._round_start: dict = self._data.position  # data position when Θ was last received
     self._reported_position: dict = self._round_start  # data position at the end of the last report
     self._deferred_failure = ""  # the device error of a program that failed at dispatch, until its crash
     self._corrupt_next = ""  # fault injection: corrupt the next report ("nan", "inf", "huge")
@@ -113,13 +116,13 @@ class Learner:
 
   def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float) -> RoundPart:
     """Enqueues `steps` inner steps as one device program and returns at once (may raise)."""
-    batches_HxBxT = np.stack([next(self._data) for _ in range(steps)])
-    tokens = steps * batches_HxBxT.shape[1] * (batches_HxBxT.shape[2] - 1)
+    staged = self._data.take(steps, self.batch_sharding)
     self.set_status(TRAINING, now)
-    batches_HxBxT = jax.device_put(batches_HxBxT, self.batch_sharding)
-    state, metrics = self._round_program(self.state, batches_HxBxT)
-    self.inflight = RoundPart(kind, steps, tokens, now, modeled_seconds, state, metrics)
+    state, metrics = self._round_program(self.state, staged.batches_HxBxT)
+    self.inflight = RoundPart(kind, steps, staged.tokens, now, modeled_seconds, state, metrics)
     self.state = state
+    main, overlap = self.run.inner_steps - self.run.overlap_steps, self.run.overlap_steps
+    self._data.stage_ahead(overlap if kind == "main" and overlap else main, self.batch_sharding)
     return self.inflight
 
   def defer_failure(self, detail: str) -> None:
@@ -136,8 +139,7 @@ class Learner:
     self.steps += part.steps
     self.total_steps += part.steps
     self.busy_seconds += busy
-    if part.kind == "main":
-      self._round_busy += busy
+    self._unreported_busy += busy
     self.last_loss = float(loss_H.mean())
     self.completions.append((now, part.steps))
     return part
@@ -155,15 +157,18 @@ class Learner:
   def report(self, now: float, host_sharding: jax.sharding.Sharding) -> Report:
     """θ_m and what it was trained on since Θ, copied explicitly onto the syncer's host device."""
     params = _copy_to(self.state.params, host_sharding)
+    if self.run.overlap_steps and self.run.outer.receive == "carry":
+      self._at_report = _fresh_copy(self.state.params)  # the next round donates the state's buffers
     if self._corrupt_next:
       params, self._corrupt_next = injection.corrupt(params, self._corrupt_next), ""
     return Report(self.index, params, self.tokens, self.steps, self.base_version, self.last_loss, sent_at=now,
-                  data_start=self._round_start, data_end=self._data.state(), busy_seconds=self._round_busy,
+                  data_start=self._round_start, data_end=self._data.position, busy_seconds=self._unreported_busy,
                   round=self.round)
 
   def report_sent(self, report: Report) -> None:
     """The report is on its way: its data counts as reported until the syncer answers."""
-    self._reported_position, self._reported_tokens = report.data_end, report.tokens
+    self._reported_position, self._reported_tokens, self._reported_steps = report.data_end, report.tokens, report.steps
+    self._unreported_busy = 0.0
     self.reports_out += 1
 
   def report_settled(self, report: Report, merged: bool) -> None:
@@ -180,33 +185,50 @@ class Learner:
     return True
 
   def adopt(self, now: float) -> int:
-    """Adopts the Θ in the inbox; returns the tokens written off (trained on but never reported)."""
-    delivery, overwrite = self.inbox, self.run.outer.receive == "overwrite"
+    """Adopts the Θ in the inbox; returns the tokens written off (trained on but never reported).
+
+    Overlap steps trained since the report are kept (outer.receive "carry": their progress is added onto Θ;
+    "mix": θ ← (1−α)·Θ + α·θ) and reach Θ in the next report, or thrown away ("overwrite": their data is
+    served again). A quarantined or lost report's data is served again from its start.
+    """
+    delivery, receive = self.inbox, self.run.outer.receive
     unreported = self.tokens - self._reported_tokens  # overlap steps after the report
+    keep = bool(unreported) and receive != "overwrite" and delivery.rewind_to is None and not delivery.reset
     written_off = 0
     if delivery.rewind_to is not None:
       self._data.restore(delivery.rewind_to)
       written_off = unreported
-    elif overwrite and unreported:
+    elif unreported and not keep:
       self._data.restore(self._reported_position)  # overlap steps were overwritten: serve their data again
       written_off = unreported
     if delivery.reset:
       self.reset(delivery.params, delivery.version, now)
-    else:
-      theta = _copy_to(delivery.params, self.param_sharding)
-      if not overwrite and self.run.outer.mix_alpha:  # Streaming-DiLoCo mixing with the local parameters
-        theta = _mix(theta, self.state.params, jnp.float32(self.run.outer.mix_alpha))
-      self.state = self.state.replace(params=theta)
-      self._new_round(delivery.version, now)
+      return written_off
+    theta = _copy_to(delivery.params, self.param_sharding)
+    if keep and receive == "carry":
+      theta = _carry(theta, self.state.params, self._at_report)
+    elif receive == "mix":
+      theta = _mix(theta, self.state.params, jnp.float32(self.run.outer.mix_alpha))
+    self.state = self.state.replace(params=theta)
+    self._new_round(delivery.version, now, carried=keep)
     return written_off
 
-  def _new_round(self, version: int, now: float) -> None:
+  def _new_round(self, version: int, now: float, carried: bool = False) -> None:
+    """Θ was adopted; carried overlap work (its tokens, steps, slice time and data) opens the new round."""
     self.round += 1
-    self.tokens = self.steps = self._reported_tokens = 0
-    self._round_busy = 0.0
+    if carried:
+      self.tokens -= self._reported_tokens
+      self.steps -= self._reported_steps
+      self._round_start = self._reported_position
+    else:
+      self.tokens = self.steps = 0
+      self._unreported_busy = 0.0
+      self._round_start = self._data.position
+    self.carried_tokens = self.tokens
+    self._reported_tokens = self._reported_steps = 0
+    self._at_report = None
     self.base_version = version
     self.inbox = None
-    self._round_start = self._data.state()
     self.set_status(WAITING, now)
 
   # Failure and return -----------------------------------------------------------------------------
@@ -226,8 +248,7 @@ class Learner:
     self._deferred_failure = ""
     part, self.inflight = self.inflight, None
     lost = part.tokens if part else 0
-    failure = Failure(self.slice_index, detail, lost + self.tokens - self._reported_tokens,
-                      0.0 if self._reported_tokens else self._round_busy)
+    failure = Failure(self.slice_index, detail, lost + self.tokens - self._reported_tokens, self._unreported_busy)
     self.inbox = None
     self.set_status(DOWN, now)
     self.slice_index = -1
@@ -244,7 +265,8 @@ class Learner:
   # Bookkeeping ------------------------------------------------------------------------------------
 
   def busy_fraction(self, now: float) -> float:
-    """Share of the learner's active span (start to finishing its budget) spent training."""
+    """Share of the learner's active span spent training: from the start to now, or, once it is done, to the end
+    of its last inner step (the final sync of its last report is no training time to fill)."""
     span = self._finished_at if self.status == DONE else now
     return self.busy_seconds / span if span > 0 else 1.0
 
@@ -252,8 +274,8 @@ class Learner:
     """Moves to `status`, closing the timeline interval of the previous one."""
     if status == self.status == DONE:
       return
-    if status == DONE:
-      self._finished_at = now
+    if status == DONE:  # a learner still down at the end stays charged with its down time
+      self._finished_at = self.completions[-1][0] if self.completions and self.status != DOWN else now
     if now > self._state_since and self.status != DONE:
       self.intervals.append((f"learner {self.index}", self._state_since, now, self.status))
     self.status, self._state_since = status, now
@@ -279,6 +301,12 @@ def _copy_to(tree: PyTree, sharding: jax.sharding.Sharding) -> PyTree:
   if len(jax.tree.leaves(sharding)[0].device_set) == 1:
     return _fresh_copy(jax.device_put(tree, sharding))
   return jax.device_put(_fresh_copy(tree), sharding)
+
+
+@jax.jit
+def _carry(theta: PyTree, local: PyTree, at_report: PyTree) -> PyTree:
+  """Θ plus the progress made since the report: θ ← Θ + (θ_local − θ_at_report)."""
+  return jax.tree.map(lambda g, l, r: g + (l - r), theta, local, at_report)
 
 
 @jax.jit

@@ -1,5 +1,6 @@
 """What a Decoupled DiLoCo run records: merge, eval and fault records as they happen, and its summary."""
 
+import concurrent.futures
 from typing import Any, Sequence
 
 import jax
@@ -23,8 +24,12 @@ class RunLog:
   """Tallies of what reached Θ (tokens, bytes, data ranges) and the records the run writes."""
 
   def __init__(self, run: RunConfig, exp: Experiment, logger: MetricsLogger, name: str, mesh: jax.sharding.Mesh,
-               links: Links):
+               links: Links, background_evals: bool = False):
     self.run, self.exp, self.logger, self.name, self.mesh, self.links = run, exp, logger, name, mesh, links
+    # Evaluations off the controller thread (real time), so that no dispatch waits behind one; in virtual
+    # time they run inline, where they cost no modeled time and keep the records' order reproducible.
+    self._evaluator = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eval") if background_evals else None
+    self._evals: list[tuple[concurrent.futures.Future, dict]] = []  # submitted, not yet recorded
     self.wall = Stopwatch()
     self.tokens_merged = 0
     self.merges: list[dict] = []
@@ -63,9 +68,28 @@ class RunLog:
       self._evaluated_version = version
       while self._next_eval <= self.tokens_merged:
         self._next_eval += self.run.eval_every * self.run.tokens_per_step
-      self.eval_loss = self.exp.evaluate(params, self.mesh)
-      self.logger.log("eval", dict(version=version, tokens=self.tokens_merged, time=now, eval_loss=self.eval_loss,
-                                   **stamp))
+      record = dict(version=version, tokens=self.tokens_merged, time=now, **stamp)
+      if self._evaluator is None or force:
+        self.record_evals(wait=True)
+        self._record_eval(self.exp.evaluate(params, self.mesh), record)
+      else:
+        self._evals.append((self._evaluator.submit(self.exp.evaluate, params, self.mesh), record))
+    self.record_evals(wait=False)
+
+  def record_evals(self, wait: bool) -> None:
+    """Writes the records of finished background evaluations, in order (all of them if `wait`)."""
+    while self._evals and (wait or self._evals[0][0].done()):
+      future, record = self._evals.pop(0)
+      self._record_eval(future.result(), record)
+
+  def close(self) -> None:
+    self.record_evals(wait=True)
+    if self._evaluator is not None:
+      self._evaluator.shutdown()
+
+  def _record_eval(self, loss: float, record: dict) -> None:
+    self.eval_loss = loss
+    self.logger.log("eval", dict(record, eval_loss=loss))
 
   def result(self, learners: Sequence[Learner], ledger: Ledger, now: float, virtual_seconds: float,
              params: PyTree) -> RunResult:

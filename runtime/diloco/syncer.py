@@ -58,10 +58,15 @@ def outer_optimizer(cfg: OuterConfig) -> optax.GradientTransformation:
   return optax.sgd(cfg.lr, momentum=cfg.momentum or None, nesterov=cfg.nesterov and cfg.momentum > 0)
 
 
-def outer_deltas(refs: Sequence[PyTree], locals_: Sequence[PyTree]) -> tuple[list[PyTree], jax.Array]:
-  """Each learner's outer gradient Δ_m = Θ_ref − θ_m, and their global norms."""
-  deltas = [jax.tree.map(jnp.subtract, r, l) for r, l in zip(refs, locals_)]
-  return deltas, jnp.stack([merge_lib.global_norm(d) for d in deltas])
+def outer_delta(ref: PyTree, local: PyTree) -> tuple[PyTree, jax.Array]:
+  """One learner's outer gradient Δ_m = Θ_ref − θ_m, and its global norm."""
+  delta = jax.tree.map(jnp.subtract, ref, local)
+  return delta, merge_lib.global_norm(delta)
+
+
+def merge_sizes(num_learners: int) -> tuple[int, ...]:
+  """The numbers of reports the outer step is compiled for: powers of two, capped at M."""
+  return tuple(sorted({min(1 << i, num_learners) for i in range(num_learners.bit_length() + 1)}))
 
 
 def outer_step(theta: PyTree, opt_state: PyTree, deltas: Sequence[PyTree], weights: jax.Array, scale: jax.Array,
@@ -95,10 +100,11 @@ class Syncer:
     # Moving averages of a learner's step time, the time from a first report to quorum, and a sync.
     self.xi_step, self.xi_quorum, self.xi_sync = (Ema(cfg.ema_decay) for _ in range(3))
     mean_for = merge_lib.is_embedding if cfg.embed_mean else None
-    self._deltas = jax.jit(outer_deltas)
+    self._delta = jax.jit(outer_delta)
     # The deltas (argument 2) are temporaries of this merge.
     self._step = jax.jit(functools.partial(outer_step, tx=self.tx, method=cfg.merge, mean_for=mean_for),
                          donate_argnums=2)
+    self._programs: dict[int, Any] = {}  # number of reports (a merge size) -> the compiled outer step
 
   # Reports and the quorum ------------------------------------------------------------------------
 
@@ -159,7 +165,7 @@ class Syncer:
 
   def compute(self, reports: Sequence[Report]) -> MergeResult:
     """Screens and merges `reports` into a new Θ; pure with respect to the syncer (see commit)."""
-    deltas, norms = self._deltas([self.reference(r) for r in reports], [r.params for r in reports])
+    deltas, norms = zip(*(self._delta(self.reference(r), r.params) for r in reports))
     norms = np.asarray(jax.device_get(norms), np.float64)
     keep, quarantined = [], []
     for i, (report, norm) in enumerate(zip(reports, norms)):
@@ -180,22 +186,41 @@ class Syncer:
       weights = np.ones(len(kept), np.float32)
     # A merge of n of M learners is n/M of a synchronous outer step (outer.scale == "fraction").
     scale = np.float32(len(kept) / self.num_learners if self.cfg.scale == "fraction" else 1.0)
-    with warnings.catch_warnings():
-      # Θ and the momentum can reuse two of the donated deltas; the others are freed early, unused.
-      warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-      # Every operand is placed explicitly where Θ lives (the host CPU), never on the default device.
-      params, opt_state, update_norm = self._step(self.params, self.opt_state, [deltas[i] for i in keep],
-                                                  *jax.device_put((weights, scale), self._sharding))
+    # Padded with zero deltas of weight 0 up to a compiled size, so no merge waits for a compilation.
+    size = next(n for n in merge_sizes(self.num_learners) if n >= len(kept))
+    pads = [self._delta(self.params, self.params)[0] for _ in range(size - len(kept))]
+    weights = np.concatenate([weights, np.zeros(size - len(kept), np.float32)])
+    # Every operand is placed explicitly where Θ lives (the host CPU), never on the default device.
+    params, opt_state, update_norm = self._program(size)(
+        self.params, self.opt_state, [deltas[i] for i in keep] + pads, *jax.device_put((weights, scale),
+                                                                                        self._sharding))
     update_norm, delta_norm = float(update_norm), float(np.mean(norms[keep]))
     reason = self._screen_step(update_norm, delta_norm)
     if reason:  # Θ would diverge: nothing is committed, and the reports' data is trained again
       return dataclasses.replace(rejected, quarantined=(*rejected.quarantined, *((r.learner, reason) for r in kept)))
     return MergeResult(
         version=self.version + 1, params=params, opt_state=opt_state, merged=tuple(r.learner for r in kept),
-        quarantined=tuple(quarantined), weights=tuple(float(w) for w in weights),
+        quarantined=tuple(quarantined), weights=tuple(float(w) for w in weights[:len(kept)]),
         staleness=tuple(self.version - r.base_version for r in kept),
         delta_norms=tuple(float(norms[i]) for i in keep), update_norm=update_norm,
         tokens=sum(r.tokens for r in kept), steps=sum(r.steps for r in kept))
+
+  def compile_merges(self) -> None:
+    """Compiles the outer step for every merge size ahead of the first merge (run it off the critical path)."""
+    self._delta(self.params, self.params)  # the per-report program too
+    for size in merge_sizes(self.num_learners):
+      self._program(size)
+
+  def _program(self, size: int) -> Any:
+    """The outer step compiled for `size` reports (ahead of time, once per size)."""
+    if size not in self._programs:
+      like = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+      scalar = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=self._sharding)
+      with warnings.catch_warnings():  # Θ and the momentum can reuse two of the donated deltas, not all
+        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+        self._programs[size] = self._step.lower(like(self.params), like(self.opt_state),
+                                                [like(self.params)] * size, scalar((size,)), scalar(())).compile()
+    return self._programs[size]
 
   def commit(self, result: MergeResult, live_versions: Sequence[int]) -> None:
     """Adopts a computed merge; keeps only the Θ versions some learner still works from."""
@@ -239,6 +264,10 @@ class Syncer:
       return (f"outer step rejected: its norm {update_norm:.3g} > outer.max_update_ratio "
               f"{self.cfg.max_update_ratio:g} × the merged deltas' norm {delta_norm:.3g}")
     return ""
+
+  def latest(self, round_: int) -> Delivery:
+    """The current Θ for a learner in `round_` that asks for it (a finished learner given budget again)."""
+    return Delivery(self.version, self.params, round_)
 
   def _screen(self, norm: float) -> str:
     """Why a delta of this norm must not be merged, or '' if it may."""
