@@ -237,8 +237,8 @@ def validate(run: RunConfig) -> None:
   check(d.shard_layout in SHARD_LAYOUTS, "data.shard_layout", d.shard_layout, f"one of {SHARD_LAYOUTS}")
   groups = run.learners if run.mode in ("decoupled", "diloco_sync", "dp_elastic", "dp_restart") else 1
   per_slice = run.num_devices // max(run.num_slices, 1)
-  check(d.batch_size >= 1 and d.batch_size % groups == 0, "data.batch_size", d.batch_size,
-         f"a positive multiple of learners ({groups})")
+  check(d.batch_size >= 1 and (bool(d.learner_batches) or d.batch_size % groups == 0), "data.batch_size",
+        d.batch_size, f"a positive multiple of learners ({groups}), or data.learner_batches summing to it")
   if run.mode == "dp":  # one mesh over every device
     check(d.batch_size % run.num_devices == 0, "data.batch_size", d.batch_size,
            f"a multiple of num_devices ({run.num_devices})")

@@ -113,3 +113,15 @@ def test_faults_the_real_clock_injects_for_real_are_accepted():
   config = _with("clock.kind", "real")
   config.faults.schedule = "crash:learner=1,step=6;corrupt:learner=0,time=5,how=nan;link:learner=2,time=1,duration=3"
   assert len(from_config_dict(config).faults.schedule) == 3
+
+
+def test_unequal_learner_batches_need_only_sum_to_the_global_batch():
+  config = _with("learners", 3)
+  config.num_devices = 3
+  config.data.batch_size = 10
+  config.data.learner_batches = (4, 4, 2)
+  run = from_config_dict(config)
+  assert [run.learner_batch(m) for m in range(3)] == [4, 4, 2]
+  config.data.learner_batches = (4, 4, 3)
+  with pytest.raises(ConfigError, match="summing to data.batch_size"):
+    from_config_dict(config)

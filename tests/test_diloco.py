@@ -184,3 +184,12 @@ def test_learners_with_different_batches_get_different_weights_and_the_weighting
   unweighted = _run(tiny_config)
   differs = jax.tree.map(lambda a, b: not np.allclose(a, b, rtol=1e-3), weighted.params, unweighted.params)
   assert any(jax.tree.leaves(differs))
+
+
+def test_a_budget_that_ends_inside_a_round_is_trained_to_the_last_token(tiny_config):
+  # Regression: 17 steps × 4 learners = 68 learner-steps of H=8 left 4 steps no learner could start.
+  tiny_config.inner_steps = 8
+  tiny_config.total_steps = 17
+  result = _run(tiny_config)
+  assert result.tokens == modes.prepare(tiny_config).token_budget
+  assert_ranges_tile(result, learners=range(4))

@@ -216,3 +216,28 @@ def test_synchronous_quorum_shrinks_to_the_learners_alive_instead_of_deadlocking
   result = _faulty(four_learners, "crash:learner=0,time=2", repair_seconds=1000.0)
   merges = [r for r in result.records if r["kind"] == "merge"]
   assert merges and all(r["quorum"] == 3 and 0 not in r["merged"] for r in merges)
+
+
+def test_a_learner_whose_overlap_part_fails_at_dispatch_stays_down_until_it_rejoins(four_learners, monkeypatch):
+  # Regression (review): a failed overlap dispatch marked the learner down, then the part's handler set it
+  # waiting again, so a learner without a slice kept adopting Θ and training.
+  four_learners.inner_steps = 4
+  four_learners.overlap_steps = 2
+  four_learners.faults.repair_seconds = 5.0
+  real_dispatch, failed = Learner.dispatch, []
+
+  def dispatch(learner, kind, *args):
+    if learner.index == 1 and kind == "overlap" and not failed:
+      failed.append(learner.status)
+      raise RuntimeError("device lost while enqueuing")
+    return real_dispatch(learner, kind, *args)
+
+  monkeypatch.setattr(Learner, "dispatch", dispatch)
+  controller = _controller(four_learners)
+  result = controller.train()
+  crash, = _faults(result, "crash")
+  rejoin, = _faults(result, "rejoin")
+  assert crash["learner"] == rejoin["learner"] == 1 and rejoin["time"] == pytest.approx(crash["time"] + 5.0)
+  down = [(a, b) for name, a, b, state in result.details["intervals"] if name == "learner 1" and state == "down"]
+  assert down == [(crash["time"], rejoin["time"])]  # down the whole repair, never waiting or training
+  _assert_no_token_skipped_or_repeated(result, modes.prepare(four_learners).token_budget)

@@ -143,3 +143,14 @@ def test_a_quarantined_reports_data_is_trained_again(setup):
   assert learner.adopt(3.0) == 0  # nothing beyond the report was trained
   _part(learner, "main", 3, 3.0)
   assert learner.report(6.0, host).data_start["position"] == 0
+
+
+def test_mixing_never_mixes_in_work_whose_data_is_trained_again(setup):
+  # Regression (review): a report lost on its link rewinds its data, yet "mix" still mixed its work into θ.
+  _, learner, host, theta, _ = setup
+  _receiving(learner, "mix")
+  _part(learner, "main", 3, 0.0)
+  report = learner.report(3.0, host)
+  assert learner.deliver(Delivery(0, theta, round=1, rewind_to=report.data_start))
+  learner.adopt(3.0)
+  _trees_equal(learner.state.params, theta)

@@ -80,13 +80,13 @@ class Controller(Recovery):
           learner.close()
         self.worker.shutdown()
         self.clock.close()
+        self.log.close()  # background evaluations finish and are recorded, also when the run failed
       now = self.clock.now()
       for learner in self.learners:
         learner.set_status(DONE, now)
       if self.injector is not None:
         injection.settle(self.injector, [self.slices[s] for s in self.pool.take_crashed()])
       self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp(), force=True)
-      self.log.close()
       return self.log.result(self.learners, self.ledger, now, self.clock.virtual_seconds(), self.syncer.params)
 
   def _loop(self) -> None:
@@ -111,11 +111,13 @@ class Controller(Recovery):
   # Learners ----------------------------------------------------------------------------------------
 
   def _start_round(self, learner: Learner) -> None:
-    steps = self.run.inner_steps - self.run.overlap_steps
-    if learner.carried_tokens and not self._fits(learner, steps):  # the last of the budget: report what it has
+    """Dispatches the main part: H − τ steps, or the whole steps left of the budget if fewer."""
+    steps = min(self.run.inner_steps - self.run.overlap_steps,
+                (self.run.token_budget - self.tokens_dispatched) // learner.tokens_per_batch)
+    if steps < 1 and learner.carried_tokens:  # the budget is spent: report the carried overlap work
       self._send_report(learner, self.clock.now())
       return
-    self._dispatch(learner, "main", steps)
+    self._dispatch(learner, "main", max(steps, 1))
 
   def _fits(self, learner: Learner, steps: int) -> bool:
     return self.tokens_dispatched + steps * learner.tokens_per_batch <= self.run.token_budget
@@ -170,13 +172,14 @@ class Controller(Recovery):
     self.syncer.observe_round((part.modeled_seconds or now - part.started_at) / part.steps)
     if part.kind == "main":
       self._send_report(learner, now)
-      if self.run.overlap_steps and self._dispatch(learner, "overlap", self.run.overlap_steps):
-        return
-      learner.set_status(WAITING, now)
+      overlap = self.run.overlap_steps
     elif learner.inbox is not None:
       self._adopt(learner)
-    elif not (self.run.outer.keep_training and self._dispatch(learner, "overlap", self.run.overlap_steps)):
-      learner.set_status(WAITING, now)
+      return
+    else:
+      overlap = self.run.overlap_steps if self.run.outer.keep_training else 0
+    if not (overlap and self._dispatch(learner, "overlap", overlap)) and learner.status == TRAINING:
+      learner.set_status(WAITING, now)  # (a dispatch that failed left it down, or done)
 
   def _send_report(self, learner: Learner, now: float) -> None:
     report = learner.report(now, self.host_sharding)

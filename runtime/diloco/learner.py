@@ -207,7 +207,7 @@ class Learner:
     theta = _copy_to(delivery.params, self.param_sharding)
     if keep and receive == "carry":
       theta = _carry(theta, self.state.params, self._at_report)
-    elif receive == "mix":
+    elif receive == "mix" and delivery.rewind_to is None:  # rewound work is trained again, not mixed in
       theta = _mix(theta, self.state.params, jnp.float32(self.run.outer.mix_alpha))
     self.state = self.state.replace(params=theta)
     self._new_round(delivery.version, now, carried=keep)
