@@ -53,6 +53,9 @@ MUTATIONS = {
     "quorum_strictly_greater": (
         "runtime/diloco/syncer.py", "len(self._pending) >= self.quorum(able)", "len(self._pending) > self.quorum(able)",
         "tests/test_syncer.py::test_quorum_is_reached_at_exactly_k_reports_and_never_exceeds_the_learners_able"),
+    "evaluations_on_the_controller_thread": (
+        "runtime/diloco/controller.py", 'background_evals=self.run.clock.kind == "real"', "background_evals=False",
+        "tests/test_real_clock.py::test_evaluating_after_every_merge_does_not_idle_the_learners"),
     "random_tie_order": (
         "runtime/diloco/clock.py", "heapq.heappush(self._heap, (at, self._seq, event))",
         "heapq.heappush(self._heap, (at, __import__('random').random(), event))",

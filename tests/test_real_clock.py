@@ -48,18 +48,27 @@ def test_real_clock_survives_a_crash_raised_inside_the_device_program(tiny_confi
 
 def test_evaluating_after_every_merge_does_not_idle_the_learners(tiny_config):
   # Regression: the controller evaluated Θ itself after merges, and every learner whose round ended
-  # meanwhile waited for it.
+  # meanwhile waited for it. Learners here never wait for Θ (they keep training until it arrives), so only
+  # a controller that is busy elsewhere can idle them; a part's busy time ends when its program finished.
+  tiny_config.clock.kind = "real"
+  tiny_config.learners = 2
+  tiny_config.model.d_model = 128
+  tiny_config.model.mlp_dim = 512
   tiny_config.eval_batches = 16  # an evaluation costs about as much as a learner's round
   tiny_config.data.eval_fraction = 0.1
-  tiny_config.total_steps = 24
-  busy = {}
-  for name, every in (("never", 10_000), ("every merge", 1)):
-    tiny_config.eval_every = every
-    tiny_config.clock.kind = "real"
-    tiny_config.learners = 2
-    prepared = modes.prepare(tiny_config)
-    result = Controller(prepared, Experiment(prepared), None, name).train()
+  tiny_config.total_steps = 32
+  tiny_config.inner_steps = 8
+  tiny_config.overlap_steps = 2
+  tiny_config.outer.keep_training = True
+
+  def busy(eval_every):
+    tiny_config.eval_every = eval_every
+    run = modes.prepare(tiny_config)
+    result = Controller(run, Experiment(run), None, "run").train()
     evals, merges = ([r for r in result.records if r["kind"] == kind] for kind in ("eval", "merge"))
-    assert len(evals) == 1 if every > 100 else len(evals) >= len(merges) >= 8
-    busy[name] = result.extras["busy_mean"]
-  assert busy["every merge"] >= busy["never"] - 0.02, busy
+    assert len(evals) == 1 if eval_every > 100 else len(evals) >= len(merges) >= 6
+    return result.extras["busy_mean"]
+
+  busy(10_000)  # compiles every program first
+  never, every = zip(*((busy(10_000), busy(1)) for _ in range(2)))  # alternating: the host's load hits both
+  assert np.mean(every) >= np.mean(never) - 0.02, (never, every)

@@ -161,8 +161,13 @@ class RealClock:
     """`event` fires when `work` (a JAX result pytree or a concurrent future) finishes or fails."""
     del modeled_seconds
     if not isinstance(work, concurrent.futures.Future):
-      work = self._waiters.submit(jax.block_until_ready, work)
+      work = self._waiters.submit(self._finished_at, work)
     self._watching.append((work, event))
+
+  def _finished_at(self, arrays: Any) -> float:
+    """Waits (off the controller thread) for device work; returns when it really finished."""
+    jax.block_until_ready(arrays)
+    return self.now()
 
   def cancel(self, predicate: Callable[[Event], bool]) -> None:
     self._timeline = self._timeline.without(predicate)
@@ -179,7 +184,8 @@ class RealClock:
       for i, (work, event) in enumerate(self._watching):
         if work.done():
           del self._watching[i]
-          return now, event
+          finished = work.result() if work.exception() is None else None
+          return (finished if isinstance(finished, float) else now), event  # device work: its real end
       if not self._watching and not len(self._timeline):
         raise RuntimeError("next_event() with nothing scheduled")
       timeout = self._timeline.peek_time() - now if len(self._timeline) else None

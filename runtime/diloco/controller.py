@@ -59,6 +59,7 @@ class Controller(Recovery):
     self.worker.submit(self.syncer.compile_merges)  # every merge size, before the first merge needs one
     self.ledger = Ledger(num_slices=len(self.slices))
     self.merge_state = "idle"  # "idle" | "scheduled" | "running"
+    self.event_time = 0.0  # when the event being handled happened
     self.tokens_dispatched = 0
     self.reports_in_transit = 0
 
@@ -96,7 +97,7 @@ class Controller(Recovery):
     while self._work_scheduled() or self.syncer.pending:
       if not self._work_scheduled():
         self._schedule_merge(0.0)  # the budget is spent: merge what is left, quorum or not
-      _, event = self.clock.next_event()
+      self.event_time, event = self.clock.next_event()  # (real clock: when it happened, maybe before now)
       getattr(self, f"_on_{event.kind}")(event)  # each event kind has its handler, _on_<kind>
 
   def _work_scheduled(self) -> bool:
@@ -163,7 +164,8 @@ class Controller(Recovery):
     return crash.at
 
   def _on_part_done(self, event: Event) -> None:
-    learner, now = self.learners[event.learner], self.clock.now()
+    # The part's busy time ends when its program finished, not when the controller got to it.
+    learner, now = self.learners[event.learner], self.event_time
     try:
       part = learner.collect(now)
     except Exception as error:  # pylint: disable=broad-except
