@@ -18,7 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # name: (file, text, mutated text, the test that must catch it)
 MUTATIONS = {
     "rejoin_with_own_old_theta": (
-        "runtime/diloco/controller.py",
+        "runtime/diloco/recovery.py",
         "learner.rejoin(slice_index, self.slices[slice_index], self.syncer.params,",
         "learner.rejoin(slice_index, self.slices[slice_index], "
         "self.syncer._history.get(learner.base_version, self.syncer.params),",
@@ -45,7 +45,7 @@ MUTATIONS = {
         "runtime/diloco/controller.py", "      self._maybe_merge()  # a finished learner lowers the effective quorum\n",
         "", "tests/test_diloco.py::test_a_learner_finishing_its_budget_lowers_the_quorum_and_the_last_reports_merge"),
     "diverging_outer_step_committed": (
-        "runtime/diloco/syncer.py", "    if reason:  # Θ would diverge", "    if False:",
+        "runtime/diloco/syncer.py", "    if reason:  # Θ would diverge:", "    if False:  # Θ would diverge:",
         "tests/test_syncer.py::test_an_absurd_outer_step_is_never_committed_and_persistent_failure_names_the_likely_field"),
     "inner_schedule_restarts_on_reset": (
         "runtime/programs.py", "opt_state=_schedule_at(tx.init(params), step)", "opt_state=tx.init(params)",

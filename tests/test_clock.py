@@ -21,6 +21,9 @@ def test_virtual_events_pop_in_time_order_and_ties_in_scheduling_order():
   assert [e.kind for _, e in order] == ["b", "e", "a", "c", "d"]
   assert [t for t, _ in order] == [0.5, 0.5, 1.0, 1.0, 1.0]
   assert clock.now() == 1.0
+  for i in range(12):  # many ties: a random tie order would pass with probability 1/12!
+    clock.after(1.0, Event(f"tie{i}"))
+  assert [clock.next_event()[1].kind for _ in range(12)] == [f"tie{i}" for i in range(12)]
 
 
 def test_virtual_delays_count_from_the_current_time_and_never_go_back():
