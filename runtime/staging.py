@@ -49,7 +49,9 @@ class Stager:
 
   def stage_ahead(self, steps: int, sharding: jax.sharding.Sharding) -> None:
     """Starts staging the part expected next (a different request later falls back to staging then)."""
-    self._settle()
+    if self._ahead is not None:  # staged and never taken: its data is served again
+      self._settle()
+      self._data.restore(self.position)
     self._ahead = self._thread.submit(self._stage, steps, sharding)
 
   def restore(self, state: dict) -> None:

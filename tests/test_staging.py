@@ -62,3 +62,13 @@ def test_a_part_unlike_the_one_staged_or_a_restore_serves_the_same_data_again(st
   again = stager.take(4, sharding)
   stager.close()
   np.testing.assert_array_equal(np.asarray(again.batches_HxBxT), np.asarray(bigger.batches_HxBxT))
+
+
+def test_staging_ahead_twice_serves_the_untaken_part_again(stream):
+  sharding = _sharding(jax.devices()[:2])
+  stager = Stager(stream, prefetch=2, name="0")
+  stager.stage_ahead(2, sharding)
+  stager.stage_ahead(3, sharding)  # the first was never taken
+  part = stager.take(3, sharding)
+  stager.close()
+  assert (part.start["position"], part.end["position"]) == (0, 3)
