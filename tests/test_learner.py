@@ -88,7 +88,7 @@ def test_adopting_theta_carries_the_overlap_progress_onto_it_and_into_the_next_r
   assert learner.adopt(4.0) == 0  # nothing written off
   jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, atol=1e-6),
                jax.device_get(learner.state.params), jax.tree.map(np.add, theta_new, progress))
-  assert learner.carried_tokens == 16 * 32
+  assert learner.tokens == 16 * 32  # the overlap step opens the new round
   _part(learner, "main", 3, 4.0)
   report = learner.report(7.0, host)
   assert (report.data_start["position"], report.data_end["position"]) == (3, 7)  # the overlap step's batch too

@@ -113,20 +113,20 @@ class Controller(Recovery):
 
   def _start_round(self, learner: Learner) -> None:
     """Dispatches the main part: H − τ steps, or the whole steps left of the budget if fewer."""
-    steps = min(self.run.inner_steps - self.run.overlap_steps,
-                (self.run.token_budget - self.tokens_dispatched) // learner.tokens_per_batch)
-    if steps < 1 and learner.carried_tokens:  # the budget is spent: report the carried overlap work
+    steps = min(self.run.inner_steps - self.run.overlap_steps, self._steps_left(learner))
+    if steps < 1 and learner.tokens:  # the budget is spent: report the overlap work carried onto Θ
       self._send_report(learner, self.clock.now())
       return
     self._dispatch(learner, "main", max(steps, 1))
 
-  def _fits(self, learner: Learner, steps: int) -> bool:
-    return self.tokens_dispatched + steps * learner.tokens_per_batch <= self.run.token_budget
+  def _steps_left(self, learner: Learner) -> int:
+    """Whole inner steps of this learner's batch that the token budget still holds."""
+    return (self.run.token_budget - self.tokens_dispatched) // learner.tokens_per_batch
 
   def _dispatch(self, learner: Learner, kind: str, steps: int) -> bool:
     """Dispatches a part of the learner's round within the token budget; False if none was dispatched."""
     tokens = steps * learner.tokens_per_batch
-    if not self._fits(learner, steps):
+    if steps > self._steps_left(learner):
       learner.set_status(DONE if kind == "main" else WAITING, self.clock.now())
       self._maybe_merge()  # a finished learner lowers the effective quorum
       return False

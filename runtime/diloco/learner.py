@@ -73,7 +73,7 @@ class Learner:
     self.status = WAITING
     self.inflight: RoundPart | None = None
     self.inbox: Delivery | None = None  # received but not yet adopted (the learner was busy)
-    self.tokens = 0  # since Θ was last received
+    self.tokens = 0  # since the last report's data ends (Θ's receipt, or the start of carried overlap work)
     self.steps = 0
     self.round = 0  # counts receipts of Θ; a report and its answer carry it
     self.base_version = 0
@@ -81,7 +81,6 @@ class Learner:
     self.busy_seconds = 0.0
     self.last_loss = float("nan")
     self.reports_out = 0  # reports sent and not yet merged or quarantined
-    self.carried_tokens = 0  # overlap work carried onto the last Θ: it reaches Θ in the next report
     self.completions: list[tuple[float, int]] = []  # (time, inner steps) of every finished part
     self.intervals: list[tuple[str, float, float, str]] = []
     self._unreported_busy = 0.0  # busy seconds of the parts collected since the last report
@@ -224,7 +223,6 @@ class Learner:
       self.tokens = self.steps = 0
       self._unreported_busy = 0.0
       self._round_start = self._data.position
-    self.carried_tokens = self.tokens
     self._reported_tokens = self._reported_steps = 0
     self._at_report = None
     self.base_version = version
