@@ -13,7 +13,8 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  # Training mode: "decoupled" (Decoupled DiLoCo), "diloco_sync" (K = M) or "dp" (data-parallel).
+  # Training mode: "decoupled" (Decoupled DiLoCo), "diloco_sync" (K = M), "dp" (data-parallel), or DP under
+  # faults: "dp_elastic" (drops a failed slice) and "dp_restart" (restarts from its last checkpoint).
   config.mode = "decoupled"
   # Seed for parameters, data order, jitter and faults: one seed, one run.
   config.seed = 0
@@ -37,8 +38,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.log_every = 10
   # Shard parameters along each slice's data axis (FSDP) instead of replicating them.
   config.fsdp = False
-  # Progress bar and TensorBoard event files.
+  # Show a progress bar (tokens, loss, tokens per second) on stderr.
   config.progress = True
+  # Write TensorBoard event files under <workdir>/<run>/tb (view: tensorboard --logdir <workdir>).
   config.tensorboard = True
   # Persistent XLA compilation cache shared by learners, modes and reruns ("" turns it off).
   config.compile_cache = "~/.cache/decoupled-diloco/xla"
@@ -50,6 +52,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.positions = "rotary"
   # Longest sequence the model accepts.
   config.model.max_len = 128
+  # Transformer blocks (None = from model.size).
+  config.model.num_layers = ml_collections.config_dict.placeholder(int)
+  # Residual stream width (None = from model.size).
+  config.model.d_model = ml_collections.config_dict.placeholder(int)
+  # Attention heads; d_model / num_heads must be even (None = from model.size).
+  config.model.num_heads = ml_collections.config_dict.placeholder(int)
+  # Hidden width of each MLP block (None = from model.size).
+  config.model.mlp_dim = ml_collections.config_dict.placeholder(int)
+  # Activation dtype: "float32" or "bfloat16" (parameters stay float32).
+  config.model.dtype = "float32"
 
   config.data = ml_collections.ConfigDict()
   # "stdlib" (the Python standard library's .py files), or a file, directory or glob of text.
@@ -72,18 +84,24 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.prefetch = 4
 
   config.inner = ml_collections.ConfigDict()
-  # Inner AdamW peak learning rate, warmup, cosine floor, decay and clipping.
+  # Inner AdamW peak learning rate.
   config.inner.lr = 3e-3
+  # Steps of linear warmup from 0 to inner.lr.
   config.inner.warmup_steps = 20
+  # Cosine decay ends at this fraction of inner.lr.
   config.inner.min_lr_ratio = 0.1
+  # AdamW decoupled weight decay.
   config.inner.weight_decay = 0.1
+  # AdamW first- and second-moment decay rates.
   config.inner.b1 = 0.9
   config.inner.b2 = 0.95
+  # Clip each inner step's gradient to this global norm.
   config.inner.grad_clip = 1.0
 
   config.outer = ml_collections.ConfigDict()
-  # Outer Nesterov SGD on the merged outer gradient.
+  # Outer SGD learning rate on the merged outer gradient.
   config.outer.lr = 0.7
+  # Outer momentum, and whether it is Nesterov momentum.
   config.outer.momentum = 0.9
   config.outer.nesterov = True
   # K: merge as soon as this many learners have reported.
@@ -101,7 +119,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.outer.scale = "fraction"
   # Grace window after quorum: "none", "adaptive" (uses the overlap slack) or "fixed".
   config.outer.grace = "adaptive"
+  # Adaptive grace: the fraction (0-1) of the learners' measured slack the syncer may wait.
   config.outer.grace_gamma = 1.0
+  # Fixed grace: modeled seconds the syncer waits after quorum for more reports.
   config.outer.grace_seconds = 0.0
   # Decay of the moving averages behind the adaptive grace window.
   config.outer.ema_decay = 0.9
@@ -109,44 +129,53 @@ def get_config() -> ml_collections.ConfigDict:
   # reaches Θ in its next report), "mix" (θ ← (1−mix_alpha)·Θ + mix_alpha·θ, Streaming DiLoCo), or
   # "overwrite" (θ ← Θ; the overlap steps' data is trained again).
   config.outer.receive = "carry"
+  # outer.receive == "mix": the weight α of the learner's own parameters.
   config.outer.mix_alpha = 0.5
   # A learner that has finished its overlap steps and still has no Θ keeps training (τ more steps at a time).
   config.outer.keep_training = False
-  # Reports whose delta norm is non-finite, above max_delta_norm, or above quarantine_factor × the
-  # recent norm are quarantined, never merged.
+  # A report whose delta norm is above quarantine_factor × the recent norm is quarantined, never merged.
   config.outer.quarantine_factor = 100.0
+  # A report whose delta norm is non-finite or above this is quarantined too.
   config.outer.max_delta_norm = 1e6
-  # An outer step whose norm exceeds max_update_ratio × the merged deltas' norm is never committed;
-  # divergence_merges merges in a row that commit nothing stop the run with a message (it diverged).
+  # An outer step whose norm exceeds max_update_ratio × the merged deltas' norm is never committed.
   config.outer.max_update_ratio = 100.0
+  # This many merges in a row that commit nothing stop the run with a message (it diverged).
   config.outer.divergence_merges = 8
 
   config.clock = ml_collections.ConfigDict()
   # "virtual": seeded discrete-event time (reproducible); "real": wall time.
   config.clock.kind = "virtual"
-  # Modeled seconds per inner step at speed 1, per-learner slowdowns, and relative jitter.
+  # Modeled seconds per inner step at speed 1.
   config.clock.step_seconds = 1.0
+  # Per-learner slowdown factors, e.g. (1, 1, 1, 2) (empty = all 1).
   config.clock.speeds = ()
+  # Relative standard deviation of each round's step time (modeled noise).
   config.clock.jitter = 0.0
-  # Learner <-> syncer link and the syncer's merge cost, in modeled seconds.
+  # Learner <-> syncer link bandwidth, bytes per modeled second each way.
   config.clock.bandwidth_bytes_per_s = 1e9
+  # Learner <-> syncer link latency, modeled seconds.
   config.clock.latency_s = 0.0
+  # The syncer's cost of one merge, modeled seconds.
   config.clock.merge_seconds = 0.0
 
   config.faults = ml_collections.ConfigDict()
   # Scheduled faults, ';'-separated: crash (time= or step=, repair=), straggler (duration=, factor=),
   # corrupt (how=nan|inf|huge), link (duration=, mode=delay|drop); every one names learner= and time=.
   config.faults.schedule = ""
-  # Random crashes: per-chip mean time between interruptions (modeled seconds; 0 = none) × chips per slice.
+  # Random crashes: per-chip mean time between interruptions, modeled seconds (0 = none).
   config.faults.mtbi_chip_seconds = 0.0
+  # Chips per slice: a slice fails chips_per_slice times as often as one chip.
   config.faults.chips_per_slice = 256
-  # A crashed slice is repaired after this long; a spare slice (slices > learners) takes over sooner.
+  # A crashed slice is repaired after this many modeled seconds.
   config.faults.repair_seconds = 60.0
+  # A spare slice (slices > learners) takes over a crashed learner after this many modeled seconds.
   config.faults.spare_swap_seconds = 5.0
   # A learner whose report was lost pulls Θ after this long and trains that data again.
   config.faults.report_timeout_seconds = 30.0
-  # Data-parallel baselines: restart cost and checkpoint interval (no elasticity), reconfiguration (elastic).
+  # Data-parallel without elasticity (dp_restart): modeled seconds to restart after a crash.
   config.faults.restart_seconds = 30.0
+  # dp_restart: steps between checkpoints (a crash loses the steps since the last one).
   config.faults.checkpoint_every = 10
+  # Elastic data-parallel (dp_elastic): modeled seconds to reconfigure around a lost slice.
   config.faults.reconfig_seconds = 8.0
   return config

@@ -6,9 +6,9 @@ merge_bw / copy_bw near 1 with a fresh output and above 1 with donated reports o
 2-core host (XLA uses every core, np.copyto one); the target is >= 0.5.
 """
 
-from absl import app
 from absl import flags
 
+from runtime import cli
 from runtime.bench import merge as merge_bench
 
 _DEFAULTS = merge_bench.MergeBenchConfig()
@@ -23,10 +23,10 @@ _SEED = flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of the random deltas.
 def main(argv: list[str]) -> None:
   """Builds the config from the flags and runs the benchmark."""
   del argv  # Unused: everything comes from flags.
-  merge_bench.run(merge_bench.MergeBenchConfig(
+  cli.guarded(lambda: merge_bench.run(merge_bench.MergeBenchConfig(
       params=_PARAMS.value, learners=_LEARNERS.value, repeats=_REPEATS.value,
-      embed_mean=_EMBED_MEAN.value, seed=_SEED.value))
+      embed_mean=_EMBED_MEAN.value, seed=_SEED.value)))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

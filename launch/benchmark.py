@@ -10,13 +10,13 @@ load ~6: about 1 minute for dp_overhead, 3.5 for decoupled_vs_dp (twice that at 
 processes move single ratios by +-15%: read the host load column before trusting one.
 """
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
+from runtime import cli
 from runtime.bench import throughput as bench
 
 _DEFAULTS = bench.BenchConfig()
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Model, batch and devices to benchmark.")
+_CONFIG = cli.define_config("default", "Model, batch and devices to benchmark: a path or a name.")
 _WHICH = flags.DEFINE_enum("which", _DEFAULTS.which, [*bench.BENCHMARKS, "all"], "Benchmark(s) to run.")
 _REPEATS = flags.DEFINE_integer("repeats", _DEFAULTS.repeats, "Runs of each contender, alternating.")
 _DP_STEPS = flags.DEFINE_integer("dp_steps", _DEFAULTS.dp_steps, "Launcher DP steps per run.")
@@ -32,11 +32,11 @@ _HAND_ROUNDS = flags.DEFINE_integer("hand_rounds", _DEFAULTS.hand_rounds,
 def main(argv: list[str]) -> None:
   """Builds the benchmark config from the flags and runs it."""
   del argv
-  bench.run(_CONFIG.value, bench.BenchConfig(
+  cli.guarded(lambda: bench.run(_CONFIG.value, bench.BenchConfig(
       which=_WHICH.value, repeats=_REPEATS.value, dp_steps=_DP_STEPS.value, skip_steps=_SKIP_STEPS.value,
       hand_steps=_HAND_STEPS.value, diloco_steps=_DILOCO_STEPS.value, skip_rounds=_SKIP_ROUNDS.value,
-      hand_rounds=_HAND_ROUNDS.value))
+      hand_rounds=_HAND_ROUNDS.value)))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

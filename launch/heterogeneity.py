@@ -1,9 +1,10 @@
 """The heterogeneous-hardware experiment: `python -m launch.heterogeneity --config=configs/heterogeneity.py`."""
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/heterogeneity.py", "Experiment config file.")
+from runtime import cli
+
+_CONFIG = cli.define_config("heterogeneity", "Experiment config: a path or a name.")
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/heterogeneity", "Where the table and the plot go.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds; every variant runs on each.")
 _VARIANTS = flags.DEFINE_list("variants", [], "Variants to run (default: all); see runtime/heterogeneity.py.")
@@ -11,10 +12,9 @@ _VARIANTS = flags.DEFINE_list("variants", [], "Variants to run (default: all); s
 
 def main(argv: list[str]) -> None:
   del argv
-  from runtime import heterogeneity, modes  # pylint: disable=g-import-not-at-top
-  modes.cli(heterogeneity.run, _CONFIG.value, _WORKDIR.value, [int(s) for s in _SEEDS.value],
-            _VARIANTS.value or list(heterogeneity.VARIANTS))
+  cli.launch("runtime.heterogeneity:run", _CONFIG.value, _WORKDIR.value, cli.integers("seeds", _SEEDS.value),
+             _VARIANTS.value or None)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

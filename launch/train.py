@@ -1,17 +1,21 @@
-"""Trains one run: `python -m launch.train --config=configs/default.py --workdir=/tmp/run`."""
+"""Trains one run in the mode its config names: `python -m launch.train --config=default --workdir=/tmp/run`.
 
-from absl import app, flags
-from ml_collections import config_flags
+--config takes a config file's path (from any directory) or a name from configs/ (default, smoke, dp, ...);
+every field is overridable with --config.FIELD=value, and --help lists them all.
+"""
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Experiment config file.")
+from absl import flags
+
+from runtime import cli
+
+_CONFIG = cli.define_config("default", "Experiment config: a path or a name.")
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/default", "Where metrics, plots and summaries go.")
 
 
 def main(argv: list[str]) -> None:
   del argv
-  from runtime import modes  # pylint: disable=g-import-not-at-top
-  modes.cli(modes.train, _CONFIG.value, _WORKDIR.value)
+  cli.launch("runtime.modes:train", _CONFIG.value, _WORKDIR.value, name=cli.run_name(_CONFIG.value))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -1,26 +1,10 @@
 """Decoder-only byte-level Transformer LM (pre-norm, causal attention, rotary or learned positions)."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-VOCAB_SIZE = 256  # byte-level
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """Architecture hyper-parameters; validated in runtime.config."""
-
-  num_layers: int = 2
-  d_model: int = 128
-  num_heads: int = 4
-  mlp_dim: int = 512
-  max_len: int = 128
-  positions: str = "rotary"  # "rotary" | "learned"
-  dtype: str = "float32"  # activation dtype; parameters stay float32
-  vocab_size: int = VOCAB_SIZE
+from models.config import ModelConfig
 
 
 def _rotary(x_BxLxHxK: jax.Array) -> jax.Array:

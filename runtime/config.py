@@ -1,11 +1,14 @@
 """Typed, validated experiment config: the boundary between ml_collections and library code."""
 
 import dataclasses
+import difflib
+import math
+import typing
 from typing import Any, Sequence
 
 import ml_collections
 
-from models.transformer import ModelConfig
+from models.config import ModelConfig
 from runtime.data import SHARD_LAYOUTS
 from runtime.errors import ConfigError, check
 from runtime.faults.plan import FaultConfig, parse_schedule
@@ -153,16 +156,43 @@ def with_fields(run: RunConfig, fields: dict[str, Any]) -> RunConfig:
 _MOVED = {"faults.quarantine_factor": "outer.quarantine_factor", "faults.max_delta_norm": "outer.max_delta_norm"}
 
 
+def _tuple(field: dataclasses.Field, name: str, value: Any) -> tuple:
+  """A tuple field's value as a tuple of its element type; '(1, 2)' or '1,2' given as text is parsed."""
+  element = (typing.get_args(field.type) or (str,))[0]
+  items = value if isinstance(value, Sequence) and not isinstance(value, str) else (value,)
+  if len(items) == 1 and isinstance(items[0], str) and element is not str:  # a literal config_flags left as text
+    items = [part for part in items[0].strip().strip("()[]").split(",") if part.strip()]
+  try:
+    parsed = tuple(_element(element, item) for item in items)
+  except (TypeError, ValueError, OverflowError):
+    raise ConfigError(name, value, f"a tuple of {element.__name__}s, e.g. '(1, 2)'") from None
+  check(element is not float or all(math.isfinite(x) for x in parsed), name, value, "a tuple of finite numbers")
+  return parsed
+
+
+def _element(element: type, item: Any) -> Any:
+  """`item` as `element`; an int must be integral ('2' and 2.0 are, 2.5 is not)."""
+  if element is int:
+    number = float(item)
+    if number != int(number):
+      raise ValueError(item)
+    return int(number)
+  return element(item)
+
+
 def _build(cls: type, cfg: ml_collections.ConfigDict | None, prefix: str) -> Any:
-  """Builds a frozen dataclass, rejecting unknown fields and coercing sequences to tuples."""
+  """Builds a frozen dataclass, rejecting unknown fields and coercing sequences to typed tuples."""
   fields = {f.name: f for f in dataclasses.fields(cls)}
   values = {}
   for key, value in (cfg.to_dict() if cfg is not None else {}).items():
     if key not in fields:
       moved = _MOVED.get(f"{prefix}{key}")
+      close = difflib.get_close_matches(key, fields, n=1)
       raise ConfigError(f"{prefix}{key}", value, f"only under its new name '{moved}'" if moved else
+                        (f"(unknown field; did you mean '{prefix}{close[0]}'?) " if close else "") +
                         f"one of the fields {sorted(fields)}")
-    values[key] = tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else value
+    is_tuple = typing.get_origin(fields[key].type) is tuple and not (cls is FaultConfig and key == "schedule")
+    values[key] = _tuple(fields[key], f"{prefix}{key}", value) if is_tuple else value
   if cls is FaultConfig and isinstance(values.get("schedule"), str):
     values["schedule"] = parse_schedule(values["schedule"])
   return cls(**values)
@@ -178,7 +208,7 @@ MODEL_SIZES = {
 
 def _build_model(cfg: ml_collections.ConfigDict | None) -> ModelConfig:
   """ModelConfig from an optional `size` preset plus explicit field overrides."""
-  fields = dict(cfg.to_dict()) if cfg is not None else {}
+  fields = {k: v for k, v in (cfg.to_dict() if cfg is not None else {}).items() if v is not None}  # None: preset
   size = fields.pop("size", None)
   if size is not None and size not in MODEL_SIZES:
     raise ConfigError("model.size", size, f"one of {sorted(MODEL_SIZES)}")
@@ -207,14 +237,37 @@ def with_mode(run: RunConfig, mode: str) -> RunConfig:
   return run
 
 
+_TYPE_NAMES = {int: "an integer", float: "a finite number", bool: "True or False", str: "a string"}
+
+
+def _check_types(section: Any, prefix: str) -> None:
+  """Every scalar field holds its declared type (floats finite; None only where the type allows it)."""
+  for f in dataclasses.fields(section):
+    value, name = getattr(section, f.name), f"{prefix}{f.name}"
+    kinds = [k for k in (typing.get_args(f.type) or (f.type,)) if k in _TYPE_NAMES]
+    if not kinds or typing.get_origin(f.type) is tuple or (value is None and type(None) in typing.get_args(f.type)):
+      continue
+    allowed = " or ".join(_TYPE_NAMES[k] for k in kinds) + (" or None" if type(None) in typing.get_args(f.type) else "")
+    ok = any(isinstance(value, k) and (k is bool or not isinstance(value, bool)) for k in kinds)
+    ok = ok or (float in kinds and isinstance(value, int) and not isinstance(value, bool))
+    check(ok and (not isinstance(value, float) or math.isfinite(value)), name, value, allowed)
+
+
 def validate(run: RunConfig) -> None:
   """Raises ConfigError on the first field outside what it allows."""
   m, d, i, o, c = run.model, run.data, run.inner, run.outer, run.clock
+  _check_types(run, "")
+  for name in SECTIONS:
+    _check_types(getattr(run, name), f"{name}.")
   check(run.mode in MODES, "mode", run.mode, f"one of {MODES}")
+  check(0 <= run.seed < 2**32, "seed", run.seed, "an integer in [0, 2**32)")
   check(run.num_devices >= 1, "num_devices", run.num_devices, "an integer >= 1")
   check(run.learners >= 1, "learners", run.learners, "an integer >= 1")
-  check(run.slices == 0 or run.slices >= run.learners, "slices", run.slices,
-         f"0 (one per learner) or >= learners ({run.learners})")
+  if run.mode != "dp":
+    check(run.learners <= run.num_devices, "learners", run.learners, f"at most num_devices ({run.num_devices}): "
+          "each learner needs a slice of at least one device (raise num_devices, or use fewer learners)")
+  check(run.slices == 0 or run.learners <= run.slices <= run.num_devices, "slices", run.slices,
+         f"0 (one per learner) or from learners ({run.learners}) to num_devices ({run.num_devices})")
   check(run.inner_steps >= 1, "inner_steps", run.inner_steps, "an integer >= 1")
   check(0 <= run.overlap_steps < run.inner_steps, "overlap_steps", run.overlap_steps,
          f"0 <= overlap_steps < inner_steps ({run.inner_steps})")

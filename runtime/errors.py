@@ -21,3 +21,7 @@ def check(ok: bool, field: str, value: object, allowed: str) -> None:
   """Raises ConfigError naming `field`, its value and what is allowed, unless `ok`."""
   if not ok:
     raise ConfigError(field, value, allowed)
+
+
+class UsageError(ValueError):
+  """A command-line flag, path or sweep cannot be used; the message names it and what is allowed."""

@@ -35,11 +35,12 @@ class RunResult:
   params: Any = dataclasses.field(repr=False, default=None)  # final (global) parameters
   extras: dict = dataclasses.field(default_factory=dict)  # more summary-table columns
   details: dict = dataclasses.field(repr=False, default_factory=dict)  # per-learner figures, not tabulated
+  time_kind: str = "modeled"  # what its records' `time` measures: "modeled" or "wall" seconds
 
   def row(self) -> dict:
     """One line of the summary table."""
     return dict(run=self.run, mode=self.mode, tokens=self.tokens, eval_loss=self.final_eval_loss,
-                wall_s=self.wall_seconds, virtual_s=self.virtual_seconds, tokens_per_s=self.tokens_per_second,
+                wall_s=self.wall_seconds, modeled_s=self.virtual_seconds, tokens_per_wall_s=self.tokens_per_second,
                 **self.extras)
 
 
@@ -69,10 +70,16 @@ class Experiment:
     return float(self._evaluators[mesh](params))
 
 
-def make_logger(run: RunConfig, workdir: str | os.PathLike | None, name: str) -> MetricsLogger:
-  """A metrics logger whose progress bar counts the run's token budget."""
+def run_time_kind(run: RunConfig) -> str:
+  """What a run's record `time` measures: modeled seconds (virtual clock) or wall seconds (real clock)."""
+  return "modeled" if run.clock.kind == "virtual" else "wall"
+
+
+def make_logger(run: RunConfig, workdir: str | os.PathLike | None, name: str,
+                time_kind: str | None = None) -> MetricsLogger:
+  """A metrics logger whose progress bar counts the run's token budget; `time_kind` defaults to the clock's."""
   return MetricsLogger(workdir, run=name, total_tokens=run.token_budget, progress=run.progress,
-                       tensorboard=run.tensorboard)
+                       tensorboard=run.tensorboard, time_kind=time_kind or run_time_kind(run))
 
 
 def finish(results: list[RunResult], workdir: str | os.PathLike | None, title: str) -> str:
@@ -85,7 +92,10 @@ def finish(results: list[RunResult], workdir: str | os.PathLike | None, title: s
     (out / "summary.txt").write_text(table + "\n")
     (out / "summary.md").write_text(summary.summary_table([r.row() for r in results], columns, markdown=True) + "\n")
     runs = {r.run: r.records for r in results}
-    summary.plot_curves(runs, out / "loss.png", x=("tokens", "time"), kinds=("train", "merge", "eval"), title=title)
+    time_kinds = {r.time_kind for r in results}
+    x = ("tokens", "time") if len(time_kinds) == 1 else ("tokens",)  # modeled and wall seconds share no axis
+    summary.plot_curves(runs, out / "loss.png", x=x, kinds=("train", "merge", "eval"), title=title,
+                        time_kind=results[0].time_kind)
   return table
 
 

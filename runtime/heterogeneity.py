@@ -14,7 +14,7 @@ from absl import logging
 
 from runtime import summary
 from runtime.config import RunConfig, with_fields
-from runtime.errors import check
+from runtime.errors import UsageError
 from runtime.experiment import Experiment, RunResult
 from runtime.modes import prepare, train_one
 
@@ -45,10 +45,12 @@ def variant_config(base: RunConfig, variant: str, seed: int) -> RunConfig:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, seeds: Sequence[int],
-        variants: Sequence[str]) -> list[dict]:
-  """Trains every variant on every seed; returns one row per variant (means over seeds) and writes the table."""
+        variants: Sequence[str] | None = None) -> list[dict]:
+  """Trains every variant (default: all) on every seed; returns and tabulates one row per variant (seed means)."""
+  variants = list(variants or VARIANTS)
   for variant in variants:
-    check(variant in VARIANTS, "--variants", variant, f"names from {list(VARIANTS)}")
+    if variant not in VARIANTS:
+      raise UsageError(f"--variants: {variant!r} is not a variant; allowed names from {list(VARIANTS)}")
   base = prepare(config)
   results: dict[str, list[RunResult]] = {}
   for seed in seeds:
@@ -73,7 +75,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, se
     (out / "heterogeneity.md").write_text(summary.summary_table(rows, COLUMNS, title=title, markdown=True) + "\n")
     curves = {variant: runs[0].records for variant, runs in results.items() if variant in POLICIES}
     if curves:
-      summary.plot_curves(curves, out / "heterogeneity.png", x=("tokens", "time"), kinds=("eval",),
+      time_kind = next(iter(results.values()))[0].time_kind
+      summary.plot_curves(curves, out / "heterogeneity.png", x=("tokens", "time"), kinds=("eval",), time_kind=time_kind,
                           title=f"eval loss of Θ, seed {seeds[0]}")
   return rows
 

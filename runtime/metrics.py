@@ -4,6 +4,9 @@ Non-finite numbers are written as the JSON extensions `NaN`, `Infinity` and `-In
 (`json.dumps` with `allow_nan=True`): a diverged loss keeps its value instead of becoming `null`
 or a string, and `read_jsonl` (`json.loads`) reads them back as floats. Strict JSON parsers
 reject these literals; Python, pandas and TensorBoard tooling accept them.
+
+Every record carries `wall_time`, the Unix time (seconds) it was logged at. A record's `time` is the
+run's clock: modeled seconds under the virtual clock, wall seconds since the start under the real one.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import json
 import operator
 import os
 import pathlib
+import re
 import sys
+import time
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -20,6 +25,9 @@ import numpy as np
 import tqdm
 
 Value = float | int | bool | str | list
+TIME_KINDS = ("modeled", "wall")  # what a record's `time` measures
+_RESERVED = ("kind", "wall_time")  # keys the logger sets
+_WALL_TIME = re.compile(r', "wall_time": [0-9.e+-]+(?=}$)', re.MULTILINE)  # as the logger writes it, last
 
 
 def _to_python(key: str, value: object) -> Value:
@@ -66,7 +74,7 @@ class _JsonlFile:
 
 
 class _TensorBoard:
-  """Writes a record's numbers as scalars `kind/key` at the record's tokens (else step)."""
+  """Writes a record's numbers as scalars `kind/key` at the record's tokens (else step) and wall time."""
 
   def __init__(self, logdir: pathlib.Path):
     # Imported here: tensorboardX loads protobuf, which in-memory loggers do not need.
@@ -78,18 +86,19 @@ class _TensorBoard:
     kind = record["kind"]
     step = record.get("tokens", record.get("step"))
     for key, value in record.items():
-      if isinstance(value, (int, float)) and key != "kind":
-        self._writer.add_scalar(f"{kind}/{key}", float(value), global_step=step)
+      if isinstance(value, (int, float)) and key not in _RESERVED:
+        self._writer.add_scalar(f"{kind}/{key}", float(value), global_step=step, walltime=record["wall_time"])
 
   def close(self) -> None:
     self._writer.close()
 
 
 class _TokenProgress:
-  """A tqdm bar on stderr that counts tokens and shows loss, tokens/s and eval loss."""
+  """A tqdm bar on stderr that counts tokens and shows loss, tokens/s (labeled modeled or wall) and eval loss."""
 
-  def __init__(self, total_tokens: int):
-    # No tqdm rate: it uses wall-clock seconds; tok/s below uses the run's (maybe virtual) time.
+  def __init__(self, total_tokens: int, time_kind: str):
+    # No tqdm rate: it uses wall-clock seconds; tok/s below uses the records' (maybe modeled) time.
+    self._rate_key = f"tok/s({time_kind})"
     self._bar = tqdm.tqdm(
         total=total_tokens,
         unit="tok",
@@ -108,7 +117,7 @@ class _TokenProgress:
         self._postfix["loss"] = f"{record['loss']:.4g}"
       seconds = record.get("time")
       if isinstance(seconds, (int, float)) and seconds > 0:
-        self._postfix["tok/s"] = tqdm.tqdm.format_sizeof(tokens / seconds)
+        self._postfix[self._rate_key] = tqdm.tqdm.format_sizeof(tokens / seconds)
       self._bar.set_postfix(self._postfix, refresh=False)
       # Records may arrive out of order across learners; the bar never moves back.
       self._bar.update(max(0, tokens - self._bar.n))
@@ -131,7 +140,11 @@ class MetricsLogger:
       total_tokens: int | None = None,
       progress: bool = True,
       tensorboard: bool = True,
+      time_kind: str = "modeled",
   ):
+    """`time_kind` says what the records' `time` measures ("modeled" or "wall"); the bar's tok/s shows it."""
+    if time_kind not in TIME_KINDS:
+      raise ValueError(f"MetricsLogger: time_kind={time_kind!r}: allowed {list(TIME_KINDS)}")
     self._records: list[dict[str, Value]] = []
     self._sinks: list[_Sink] = []
     self._closed = False
@@ -141,7 +154,7 @@ class MetricsLogger:
       if tensorboard:
         self._sinks.append(_TensorBoard(run_dir / "tb"))
     if progress and total_tokens is not None:
-      self._sinks.append(_TokenProgress(total_tokens))
+      self._sinks.append(_TokenProgress(total_tokens, time_kind))
 
   @property
   def records(self) -> list[dict[str, Value]]:
@@ -149,13 +162,15 @@ class MetricsLogger:
     return list(self._records)
 
   def log(self, kind: str, values: Mapping[str, object]) -> dict[str, Value]:
-    """Appends and returns the record `{"kind": kind, **values}`, values as plain Python."""
+    """Appends and returns the record `{"kind": kind, **values, "wall_time": now}`, values as plain Python."""
     if self._closed:
       raise RuntimeError(f"MetricsLogger is closed; cannot log a {kind!r} record")
-    if "kind" in values:
-      raise ValueError(f"metric key 'kind' is reserved for the record kind ({kind!r})")
+    for key in _RESERVED:
+      if key in values:
+        raise ValueError(f"metric key '{key}' is reserved: the logger sets it (record kind {kind!r})")
     record: dict[str, Value] = {"kind": kind}
     record.update((key, _to_python(key, value)) for key, value in values.items())
+    record["wall_time"] = time.time()
     self._records.append(record)
     for sink in self._sinks:
       sink.write(record)
@@ -173,6 +188,11 @@ class MetricsLogger:
 
   def __exit__(self, *exc_info: object) -> None:
     self.close()
+
+
+def without_wall_time(text: str) -> str:
+  """metrics.jsonl text with each record's `wall_time` removed: what reruns under the virtual clock reproduce."""
+  return _WALL_TIME.sub("", text)
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Value]]:

@@ -1,27 +1,17 @@
 """The modes behind the launchers: one run in the mode its config names, or several side by side."""
 
 import dataclasses
+import json
 import os
 import pathlib
-import sys
-from typing import Any, Callable
 
 import ml_collections
 from absl import logging
 
 from runtime import devices as devices_lib
-from runtime import summary
+from runtime import provenance, summary
 from runtime.config import RunConfig, from_config_dict, with_mode
-from runtime.errors import TrainingDiverged
 from runtime.experiment import Experiment, RunResult, finish
-
-
-def cli(job: Callable[..., Any], *args: Any) -> None:
-  """Runs a launcher's job; a run that diverged exits with its message (status 1), not a traceback."""
-  try:
-    job(*args)
-  except TrainingDiverged as error:
-    sys.exit(f"error: {error}")
 
 
 def prepare(config: ml_collections.ConfigDict) -> RunConfig:
@@ -33,7 +23,9 @@ def prepare(config: ml_collections.ConfigDict) -> RunConfig:
 
 
 def train_one(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str) -> RunResult:
-  """Trains one run in the mode its config names."""
+  """Trains one run in the mode its config names; its config and environment go to `workdir/name/run.json`."""
+  if workdir is not None:
+    provenance.write(run, pathlib.Path(workdir) / name, name)
   if run.mode == "dp":
     from runtime.baselines.dp import train_dp  # pylint: disable=g-import-not-at-top
     return train_dp(run, exp, workdir, name)
@@ -44,17 +36,52 @@ def train_one(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None
   return train_diloco(run, exp, workdir, name)
 
 
-def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None) -> list[RunResult]:
-  """`launch.train`: one run, then its summary table and loss plot."""
+def _report(results: list[RunResult], workdir: str | os.PathLike | None, title: str) -> None:
+  """Prints the summary table and where every output went; writes results.json last."""
+  print(finish(results, workdir, title=title))
+  if workdir is not None:
+    out = pathlib.Path(workdir)
+    (out / summary.RESULTS_FILE).write_text(json.dumps([r.row() for r in results], indent=2, allow_nan=True) + "\n")
+    print(outputs(results, out))
+
+
+def outputs(results: list[RunResult], workdir: pathlib.Path) -> str:
+  """Where a job's files are and what each holds."""
+  files = [("summary.txt, summary.md, results.json", "the table above (text, Markdown, JSON)"),
+           ("loss.png", "loss of every run against tokens and modeled (or wall) time")]
+  if (workdir / "timeline.png").exists():
+    files.append(("timeline.png", "each learner's state and the merges over time"))
+  for r in results:
+    files += [(f"{r.run}/metrics.jsonl", "every record (train, merge, eval, fault), one JSON object per line"),
+              (f"{r.run}/run.json", "resolved config, seed, versions, devices, command line")]
+    if (workdir / r.run / "tb").exists():
+      files.append((f"{r.run}/tb/", "TensorBoard events"))
+  width = max(len(name) for name, _ in files)
+  lines = [f"outputs in {workdir}/:", *(f"  {name.ljust(width)}  {what}" for name, what in files)]
+  if any((workdir / r.run / "tb").exists() for r in results):
+    lines.append(f"view in TensorBoard: tensorboard --logdir {workdir}")
+  return "\n".join(lines)
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None,
+          name: str | None = None) -> list[RunResult]:
+  """`launch.train`: one run (named `name`, default its mode), then its summary table and loss plot."""
   run = prepare(config)
-  result = train_one(run, Experiment(run), workdir, run.mode)
-  print(finish([result], workdir, title=f"{run.mode}: {run.token_budget:,} tokens"))
+  result = train_one(run, Experiment(run), workdir, name or run.mode)
+  _report([result], workdir, f"{name or run.mode}: {run.token_budget:,} tokens")
   return [result]
 
 
+def _titled(title: str, varied: str) -> str:
+  return f"{title} ({varied})" if varied else title
+
+
 def compare(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None,
-            modes: tuple[str, ...] = ("dp", "diloco_sync", "decoupled")) -> list[RunResult]:
-  """`launch.compare`: the same budget, data and model under each mode; one table, one plot."""
+            modes: tuple[str, ...] = ("dp", "diloco_sync", "decoupled"), varied: str = "") -> list[RunResult]:
+  """`launch.compare`: the same budget, data and model under each mode; one table, one plot.
+
+  `varied` names the fields set on the command line; it goes into the table's title.
+  """
   base = prepare(config)
   exp = Experiment(base)
   results = []
@@ -62,11 +89,11 @@ def compare(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None
     run = with_mode(base, mode)
     logging.info("comparison: running %s", mode)
     results.append(train_one(run, exp, workdir, mode))
-  print(finish(results, workdir, title=f"equal budget: {base.token_budget:,} tokens"))
+  _report(results, workdir, _titled(f"equal budget: {base.token_budget:,} tokens", varied))
   return results
 
 
-def chaos(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None) -> list[RunResult]:
+def chaos(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, varied: str = "") -> list[RunResult]:
   """`launch.chaos`: Decoupled DiLoCo, elastic DP and DP on one fault trace, plus a failure-free run."""
   base = prepare(config)
   exp = Experiment(base)
@@ -80,6 +107,7 @@ def chaos(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None) 
   if workdir is not None:
     details = results[0].details
     summary.plot_timeline(details["intervals"], [(t, "merge") for t in details["merge_times"]],
-                         pathlib.Path(workdir) / "timeline.png", title="Decoupled DiLoCo under faults")
-  print(finish(results, workdir, title=f"same fault trace, {base.token_budget:,}-token budget"))
+                         pathlib.Path(workdir) / "timeline.png", time_kind=results[0].time_kind,
+                         title="Decoupled DiLoCo under faults")
+  _report(results, workdir, _titled(f"same fault trace, {base.token_budget:,}-token budget", varied))
   return results

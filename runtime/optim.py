@@ -1,5 +1,8 @@
 """Inner optimizer: AdamW with warmup + cosine decay and global-norm clipping."""
 
+from typing import Callable
+
+import jax
 import optax
 
 from runtime.config import InnerOptConfig
@@ -11,6 +14,18 @@ def inner_schedule(cfg: InnerOptConfig, total_steps: int) -> optax.Schedule:
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=cfg.lr, warmup_steps=warmup,
       decay_steps=max(total_steps, warmup + 1), end_value=cfg.lr * cfg.min_lr_ratio)
+
+
+def inner_lr(cfg: InnerOptConfig, total_steps: int) -> Callable[[int], float]:
+  """`lr(n)`: the inner learning rate the step taken after `n` steps applies, evaluated on the host CPU."""
+  schedule, cpu = inner_schedule(cfg, total_steps), jax.devices("cpu")[0]
+
+  def lr(steps_before: int) -> float:
+    # For metrics records: evaluated on the host so no accelerator work joins the run's programs.
+    with jax.default_device(cpu):
+      return float(schedule(max(steps_before, 0)))
+
+  return lr
 
 
 def inner_optimizer(cfg: InnerOptConfig, total_steps: int) -> optax.GradientTransformation:

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import optax
 
 from models.lm import loss_fn
-from models.transformer import ModelConfig
+from models.config import ModelConfig
 
 PyTree = Any
 

@@ -7,12 +7,16 @@ import numbers
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from runtime.metrics import TIME_KINDS
+
+RESULTS_FILE = "results.json"  # a job's table as JSON, written last: a workdir that has it holds a finished job
 STATE_COLORS: Mapping[str, str] = {
     "training": "tab:green",
     "syncing": "tab:blue",
@@ -25,7 +29,7 @@ _KIND_STYLES: Mapping[str, Mapping[str, object]] = {
     "eval": {"linestyle": "--", "marker": "o", "markersize": 3},
     "merge": {"linestyle": ":", "marker": ".", "markersize": 3},
 }
-_AXIS_LABELS: Mapping[str, str] = {"time": "time (s)"}
+_AXIS_LABELS: Mapping[str, str] = {"loss": "loss (nats/byte)"}
 
 
 def _is_number(value: object) -> bool:
@@ -85,6 +89,23 @@ def summary_table(
   return "\n".join(heading + lines)
 
 
+def _time_label(time_kind: str | None, caller: str) -> str:
+  """The time axis label, which says whether its seconds are modeled or wall-clock."""
+  if time_kind not in TIME_KINDS:
+    raise ValueError(f"{caller}: time_kind={time_kind!r} for the time axis: allowed {list(TIME_KINDS)}")
+  return f"{time_kind} time (s)"
+
+
+def _curve_label(run: str, kind: str, y: str, records: Sequence[Mapping[str, object]]) -> str:
+  """The legend entry of one (run, kind) line, saying what its values are."""
+  if kind == "merge":  # a merge record's loss is the mean of the merged learners' round train losses
+    return f"{run} merged learners' mean train {y}"
+  if kind == "eval":  # a DiLoCo run (one with merges) evaluates its global parameters Θ
+    of_theta = " of Θ" if any(record.get("kind") == "merge" for record in records) else ""
+    return f"{run} held-out eval {y}{of_theta}"
+  return f"{run} {kind} {y}"
+
+
 def _save(figure: Figure, path: str | os.PathLike) -> pathlib.Path:
   """Writes `figure` as a PNG through the headless Agg canvas and returns the path."""
   path = pathlib.Path(path)
@@ -93,9 +114,14 @@ def _save(figure: Figure, path: str | os.PathLike) -> pathlib.Path:
   return path
 
 
-def plot_curves(
+def plot_curves(runs: Mapping[str, Sequence[Mapping[str, object]]], path: str | os.PathLike,
+                **options: Any) -> pathlib.Path:
+  """Writes `curves_figure(runs, **options)` as a PNG at `path`."""
+  return _save(curves_figure(runs, **options), path)
+
+
+def curves_figure(
     runs: Mapping[str, Sequence[Mapping[str, object]]],
-    path: str | os.PathLike,
     *,
     x: Sequence[str] = ("tokens",),
     y: str = "loss",
@@ -103,13 +129,15 @@ def plot_curves(
     y_for_kind: Mapping[str, str] | None = None,
     title: str = "",
     log_y: bool = False,
-) -> pathlib.Path:
-  """Plots `y` against each key of `x` (one subplot each), one line per (run, kind), as a PNG.
+    time_kind: str | None = None,
+) -> Figure:
+  """Plots `y` against each key of `x` (one subplot each), one line per (run, kind).
 
   `y_for_kind` names the record key read for each kind; kinds it leaves out read `y`. By default
   eval records read `f"eval_{y}"` and the others `y`, e.g. {"train": "loss", "eval": "eval_loss",
-  "merge": "loss"} for y="loss".
+  "merge": "loss"} for y="loss". An x key "time" needs `time_kind`, "modeled" or "wall" (seconds).
   """
+  x_labels = {key: _time_label(time_kind, "plot_curves") if key == "time" else key for key in x}
   y_keys = {"eval": f"eval_{y}"} if y_for_kind is None else y_for_kind
   colors = dict(zip(runs, itertools.cycle(f"C{i}" for i in range(10))))
   figure = Figure(figsize=(5.5 * len(x), 4.0), layout="constrained")
@@ -127,31 +155,42 @@ def plot_curves(
         )
         if points:
           xs, ys = zip(*points)
-          ax.plot(xs, ys, color=colors[run], label=f"{run} {kind}", **_KIND_STYLES.get(kind, {}))
+          ax.plot(xs, ys, color=colors[run], label=_curve_label(run, kind, y, records),
+                  **_KIND_STYLES.get(kind, {}))
     if not ax.lines:
       raise ValueError(
           f"plot_curves: no record of kinds {list(kinds)} in runs {list(runs)} has numbers for "
           f"x key '{x_key}' and y keys {[y_keys.get(kind, y) for kind in kinds]}"
       )
-    ax.set_xlabel(_AXIS_LABELS.get(x_key, x_key))
-    ax.set_ylabel(y)
+    ax.set_xlabel(x_labels[x_key])
+    ax.set_ylabel(_AXIS_LABELS.get(y, y))
     if log_y:
       ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
   if title:
     figure.suptitle(title)
-  return _save(figure, path)
+  return figure
 
 
-def plot_timeline(
+def plot_timeline(intervals: Sequence[tuple[str, float, float, str]], events: Sequence[tuple[float, str]],
+                  path: str | os.PathLike, **options: Any) -> pathlib.Path:
+  """Writes `timeline_figure(intervals, events, **options)` as a PNG at `path`."""
+  return _save(timeline_figure(intervals, events, **options), path)
+
+
+def timeline_figure(
     intervals: Sequence[tuple[str, float, float, str]],
     events: Sequence[tuple[float, str]],
-    path: str | os.PathLike,
     *,
+    time_kind: str,
     title: str = "",
-) -> pathlib.Path:
-  """Draws each lane's state intervals as colored bars and `events` as ticks on the syncer lane."""
+) -> Figure:
+  """Draws each lane's state intervals as colored bars and `events` as ticks on the syncer lane.
+
+  `time_kind` says whether the times are "modeled" or "wall" seconds.
+  """
+  time_label = _time_label(time_kind, "plot_timeline")
   if not intervals and not events:
     raise ValueError("plot_timeline: no intervals and no events to plot")
   for lane, start, end, state in intervals:
@@ -183,11 +222,11 @@ def plot_timeline(
 
   ax.set_yticks(list(row.values()), list(row))
   ax.set_ylim(-0.6, len(lanes) - 0.4)
-  ax.set_xlabel(_AXIS_LABELS["time"])
+  ax.set_xlabel(time_label)
   ax.grid(True, axis="x", alpha=0.3)
   handles = [Patch(facecolor=color, label=state) for state, color in STATE_COLORS.items()]
   handles += [Line2D([], [], color=color, label=label) for label, color in event_colors.items()]
   ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
   if title:
     ax.set_title(title)
-  return _save(figure, path)
+  return figure

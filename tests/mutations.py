@@ -60,6 +60,20 @@ MUTATIONS = {
         "runtime/diloco/clock.py", "heapq.heappush(self._heap, (at, self._seq, event))",
         "heapq.heappush(self._heap, (at, __import__('random').random(), event))",
         "tests/test_clock.py::test_virtual_events_pop_in_time_order_and_ties_in_scheduling_order"),
+    "config_accepts_non_finite_numbers": (
+        "runtime/config.py", "check(ok and (not isinstance(value, float) or math.isfinite(value)), name, value, allowed)",
+        "check(ok, name, value, allowed)",
+        "tests/test_config.py::test_values_a_user_can_type_that_are_not_allowed"),
+    "misspelled_override_not_caught_before_absl": (
+        "runtime/cli.py", "      check_overrides(argv[1:], config)\n", "",
+        "tests/test_cli.py::test_a_bad_invocation_prints_one_line_naming_the_field_and_exits_2"),
+    "help_without_config_fields": (
+        "runtime/cli.py", "        print(config_docs.help_text(config, path.partition(\":\")[0]))\n", "",
+        "tests/test_cli.py::test_train_help_mentions_every_field_of_the_default_config_with_its_meaning"),
+    "sweep_reruns_finished_points": (
+        "runtime/sweep.py", "todo = [p for p in points if not (workdir / p.name / summary.RESULTS_FILE).exists()]",
+        "todo = list(points)",
+        "tests/test_sweep.py::test_a_two_by_two_sweep_writes_one_table_and_plot_and_a_second_invocation_skips_finished_points"),
 }
 
 

@@ -13,7 +13,8 @@ def _with(path: str, value):
   *parents, leaf = path.split(".")
   for p in parents:
     node = node[p]
-  node[leaf] = value
+  with node.ignore_type():  # as a config file could set it; ConfigDict's own type check is not the boundary
+    node[leaf] = value
   return config
 
 
@@ -124,4 +125,47 @@ def test_unequal_learner_batches_need_only_sum_to_the_global_batch():
   assert [run.learner_batch(m) for m in range(3)] == [4, 4, 2]
   config.data.learner_batches = (4, 4, 3)
   with pytest.raises(ConfigError, match="summing to data.batch_size"):
+    from_config_dict(config)
+
+
+@pytest.mark.parametrize("path,value,names,allowed", [
+    ("outer.lr", float("inf"), "outer.lr", "a finite number"),
+    ("clock.step_seconds", float("inf"), "clock.step_seconds", "a finite number"),
+    ("inner.lr", float("nan"), "inner.lr", "a finite number"),
+    ("seed", -1, "seed", "[0, 2**32)"),
+    ("learners", "4", "learners", "an integer"),
+    ("outer.nesterov", "yes", "outer.nesterov", "True or False"),
+    ("learners", 1000, "learners", "num_devices (8)"),
+    ("slices", 100, "slices", "num_devices (8)"),
+    ("clock.speeds", ("(1,nan,1,1)",), "clock.speeds", "finite numbers"),
+    ("clock.speeds", ("(1,x,1,1)",), "clock.speeds", "a tuple of floats"),
+    ("data.learner_batches", (8, 8, 8, 8.5), "data.learner_batches", "a tuple of ints"),
+    ("faults.schedule", "crash:learner=1,time=nan", "faults.schedule", "time a finite number"),
+    ("faults.schedule", "straggler:learner=1,time=3,duration=-2", "faults.schedule", "duration >= 0"),
+])
+def test_values_a_user_can_type_that_are_not_allowed(path, value, names, allowed):
+  with pytest.raises(ConfigError) as err:
+    from_config_dict(_with(path, value))
+  assert err.value.field == names
+  assert allowed in str(err.value)
+
+
+def test_tuple_fields_given_as_text_are_parsed_as_their_element_type():
+  run = from_config_dict(_with("clock.speeds", ("(1, 1.5,1,2)",)))
+  assert run.clock.speeds == (1.0, 1.5, 1.0, 2.0)
+  run = from_config_dict(_with("data.learner_batches", ("8,8,8,8",)))
+  assert run.data.learner_batches == (8, 8, 8, 8)
+
+
+def test_every_model_field_is_settable_and_unset_ones_come_from_the_size_preset():
+  run = from_config_dict(_with("model.num_layers", 3))
+  assert (run.model.num_layers, run.model.d_model) == (3, 128)  # "small" gives d_model 128
+  assert from_config_dict(default.get_config()).model.num_layers == 2
+
+
+def test_a_misspelled_field_gets_a_suggestion():
+  config = default.get_config()
+  with config.outer.unlocked():
+    config.outer.quorom = 2
+  with pytest.raises(ConfigError, match="did you mean 'outer.quorum'"):
     from_config_dict(config)

@@ -5,7 +5,7 @@ import pytest
 from configs import heterogeneity as heterogeneity_config
 from runtime import heterogeneity
 from runtime.config import from_config_dict
-from runtime.errors import ConfigError
+from runtime.errors import UsageError
 
 
 def test_every_variant_changes_only_its_fields_and_the_seed():
@@ -21,5 +21,5 @@ def test_every_variant_changes_only_its_fields_and_the_seed():
 
 
 def test_an_unknown_variant_names_the_flag_and_the_choices():
-  with pytest.raises(ConfigError, match="--variants.*K=1\\+grace"):
+  with pytest.raises(UsageError, match="--variants.*K=1\\+grace"):
     heterogeneity.run(heterogeneity_config.get_config(), None, seeds=[0], variants=["K=2"])

@@ -74,3 +74,20 @@ def test_pure_parts_import_no_jax_and_nothing_of_the_runtime_beyond_what_they_ne
     source = path.read_text()
     assert "import jax" not in source and "from jax" not in source, path
     assert _imports(path, modules) <= allowed, path
+
+
+@pytest.mark.parametrize("module", ["runtime.cli", "runtime.sweep", "runtime.config", "runtime.config_docs"])
+def test_the_command_line_boundary_validates_without_importing_jax(module):
+  """Bad input is reported before JAX starts: nothing the boundary imports, however indirectly, imports JAX."""
+  modules = _modules()
+  seen, todo = set(), [module]
+  while todo:
+    current = todo.pop()
+    if current not in seen:
+      seen.add(current)
+      todo += sorted(_imports(modules[current], set(modules)) - seen)
+  for name in sorted(seen):
+    tree = ast.parse(modules[name].read_text())
+    top = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    top |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not top & {"jax", "jaxlib", "flax", "optax", "orbax"}, f"{module} imports {name}, which imports JAX"

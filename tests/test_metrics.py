@@ -2,12 +2,13 @@
 
 import math
 import pathlib
+import time
 
 import numpy as np
 import pytest
 
 from runtime import summary
-from runtime.metrics import MetricsLogger, read_jsonl
+from runtime.metrics import MetricsLogger, read_jsonl, without_wall_time
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -41,6 +42,7 @@ def test_jsonl_round_trip_converts_numpy_scalars_and_keeps_nan(tmp_path: pathlib
   assert type(record["learners"][0]) is int and type(record["partial"]) is bool
   [read] = read_jsonl(tmp_path / "r" / "metrics.jsonl")
   assert math.isnan(read.pop("grad_norm"))
+  assert read.pop("wall_time") == record["wall_time"]
   assert read == {
       "kind": "train", "step": 7, "loss": 1.5, "lr": math.inf, "learners": [1, 2.5],
       "partial": True, "note": "warmup",
@@ -61,6 +63,8 @@ def test_log_rejects_the_reserved_kind_key_and_values_without_a_number(tmp_path:
 
   with pytest.raises(ValueError, match="'kind' is reserved"):
     logger.log("train", {"kind": "eval"})
+  with pytest.raises(ValueError, match="'wall_time' is reserved"):
+    logger.log("train", {"wall_time": 1.0})
   with pytest.raises(TypeError, match="metric 'config'"):
     logger.log("train", {"config": {"lr": 1.0}})
   assert logger.records == []
@@ -82,7 +86,7 @@ def test_tensorboard_event_file_is_written_under_tb(tmp_path: pathlib.Path):
 
   events = list((tmp_path / "r" / "tb").glob("events.out.tfevents.*"))
   assert len(events) == 1 and events[0].stat().st_size > 0
-  assert b"train/loss" in events[0].read_bytes()
+  assert b"train/loss" in events[0].read_bytes() and b"wall_time" not in events[0].read_bytes()
 
 
 def test_no_workdir_writes_nothing_and_keeps_records_in_memory(
@@ -93,7 +97,24 @@ def test_no_workdir_writes_nothing_and_keeps_records_in_memory(
     logger.log("train", {"step": 1, "loss": 2.0})
 
   assert list(tmp_path.iterdir()) == []
-  assert logger.records == [{"kind": "train", "step": 1, "loss": 2.0}]
+  [record] = logger.records
+  assert record == {"kind": "train", "step": 1, "loss": 2.0, "wall_time": record["wall_time"]}
+
+
+def test_every_record_ends_with_the_unix_time_it_was_logged_at(tmp_path: pathlib.Path):
+  before = time.time()
+  with MetricsLogger(tmp_path, run="r", progress=False, tensorboard=False) as logger:
+    for step in range(1, 4):
+      logger.log("train", {"step": step, "loss": 2.0})
+      time.sleep(0.01)
+    logger.log("fault", {"fault": "crash", "learner": 1})
+  after = time.time()
+
+  records = read_jsonl(tmp_path / "r" / "metrics.jsonl")
+  wall_times = [record["wall_time"] for record in records]
+  assert all(list(record)[-1] == "wall_time" for record in records)
+  assert before <= wall_times[0] and wall_times[-1] <= after
+  assert wall_times[0] < wall_times[1] < wall_times[2] <= wall_times[3]
 
 
 @pytest.mark.parametrize(
@@ -118,7 +139,17 @@ def test_progress_bar_counts_tokens_and_shows_loss_rate_and_eval_loss(
 
   final = capsys.readouterr().err.split("\r")[-1]
   assert "600/1.00k" in final
-  assert "loss=2.5" in final and "tok/s=200" in final and "eval_loss=2.75" in final
+  assert "loss=2.5" in final and "tok/s(modeled)=200" in final and "eval_loss=2.75" in final
+
+
+def test_progress_bar_says_whether_its_tokens_per_second_are_wall_or_modeled(capsys: pytest.CaptureFixture[str]):
+  with MetricsLogger(None, total_tokens=1000, time_kind="wall") as logger:
+    logger.log("train", {"tokens": 400, "time": 2.0, "loss": 2.5})
+
+  final = capsys.readouterr().err.split("\r")[-1]
+  assert "tok/s(wall)=200" in final and "modeled" not in final
+  with pytest.raises(ValueError, match="time_kind='virtual'.*'modeled', 'wall'"):
+    MetricsLogger(None, time_kind="virtual")
 
 
 def test_summary_table_aligns_columns_and_formats_numbers():
@@ -157,7 +188,7 @@ def test_plot_curves_writes_a_png_and_creates_its_folder(tmp_path: pathlib.Path)
   runs = {"a": _train_records(), "b": _train_records()}
 
   path = summary.plot_curves(
-      runs, tmp_path / "plots" / "loss.png", x=("tokens", "time"), log_y=True
+      runs, tmp_path / "plots" / "loss.png", x=("tokens", "time"), log_y=True, time_kind="modeled"
   )
 
   assert path == tmp_path / "plots" / "loss.png"
@@ -180,7 +211,7 @@ def test_plot_timeline_writes_a_png(tmp_path: pathlib.Path):
       ("learner 1", 2.0, 6.0, "waiting"),
   ]
 
-  path = summary.plot_timeline(intervals, [(5.0, "merge"), (6.0, "merge")], tmp_path / "t.png")
+  path = summary.plot_timeline(intervals, [(5.0, "merge"), (6.0, "merge")], tmp_path / "t.png", time_kind="wall")
 
   assert path.read_bytes().startswith(PNG_MAGIC)
 
@@ -201,4 +232,48 @@ def test_plot_timeline_rejects_what_it_cannot_draw(
     tmp_path: pathlib.Path,
 ):
   with pytest.raises(ValueError, match=message):
-    summary.plot_timeline(intervals, events, tmp_path / "t.png")
+    summary.plot_timeline(intervals, events, tmp_path / "t.png", time_kind="modeled")
+
+
+def test_loss_curves_label_time_as_modeled_or_wall_loss_in_nats_per_byte_and_say_what_each_line_is():
+  dp = _train_records()
+  decoupled = [
+      {"kind": "merge", "tokens": 100, "time": 1.0, "loss": 3.0},
+      {"kind": "eval", "tokens": 100, "time": 1.0, "eval_loss": 3.2},
+  ]
+
+  for time_kind in ("modeled", "wall"):
+    figure = summary.curves_figure({"dp": dp, "decoupled": decoupled}, x=("tokens", "time"),
+                                   kinds=("train", "merge", "eval"), time_kind=time_kind)
+    tokens_ax, time_ax = figure.axes
+    assert [tokens_ax.get_xlabel(), time_ax.get_xlabel()] == ["tokens", f"{time_kind} time (s)"]
+    assert tokens_ax.get_ylabel() == time_ax.get_ylabel() == "loss (nats/byte)"
+    assert [text.get_text() for text in time_ax.get_legend().get_texts()] == [
+        "dp train loss", "dp held-out eval loss",
+        "decoupled merged learners' mean train loss", "decoupled held-out eval loss of Θ",
+    ]
+
+
+def test_a_time_axis_without_a_time_kind_is_refused(tmp_path: pathlib.Path):
+  with pytest.raises(ValueError, match="time_kind=None .*'modeled', 'wall'"):
+    summary.plot_curves({"a": _train_records()}, tmp_path / "loss.png", x=("time",))
+  assert summary.curves_figure({"a": _train_records()}).axes[0].get_xlabel() == "tokens"
+
+
+@pytest.mark.parametrize("time_kind", ["modeled", "wall"])
+def test_timeline_labels_its_time_axis_as_modeled_or_wall(time_kind: str):
+  figure = summary.timeline_figure([("learner 0", 0.0, 5.0, "training")], [(5.0, "merge")], time_kind=time_kind)
+
+  assert figure.axes[0].get_xlabel() == f"{time_kind} time (s)"
+
+
+def test_without_wall_time_removes_exactly_the_wall_times_the_logger_wrote(tmp_path: pathlib.Path):
+  with MetricsLogger(tmp_path, run="r", progress=False, tensorboard=False) as logger:
+    logger.log("merge", {"tokens": 1, "loss": float("nan"), "merged": [0, 1], "note": "wall_time"})
+    logger.log("eval", {"eval_loss": -1e-07})
+  text = (tmp_path / "r" / "metrics.jsonl").read_text()
+
+  assert without_wall_time(text).splitlines() == [
+      '{"kind": "merge", "tokens": 1, "loss": NaN, "merged": [0, 1], "note": "wall_time"}',
+      '{"kind": "eval", "eval_loss": -1e-07}',
+  ]

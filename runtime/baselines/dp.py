@@ -10,8 +10,8 @@ from models import lm
 from runtime import data as data_lib
 from runtime import devices as devices_lib
 from runtime.config import RunConfig
-from runtime.experiment import Experiment, RunResult, Stopwatch, host, make_logger
-from runtime.optim import inner_optimizer
+from runtime.experiment import Experiment, RunResult, Stopwatch, host, make_logger, run_time_kind
+from runtime.optim import inner_lr, inner_optimizer
 from runtime.programs import init_state, make_train_step
 
 
@@ -32,6 +32,7 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
   # Under the virtual clock a DP step takes the modeled step time of the slowest device group.
   step_s = run.clock.step_seconds * max(run.clock.speeds or (1.0,))
   clock = (lambda step: step * step_s) if run.clock.kind == "virtual" else (lambda step: wall())
+  lr = inner_lr(run.inner, run.total_steps)
   eval_loss = float("nan")
   with make_logger(run, workdir, name) as logger, stream:
     # The host waits for step t-1 after dispatching step t: the device never idles, and at most two
@@ -40,28 +41,28 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
     for step in range(1, run.total_steps + 1):
       state, metrics = step_fn(state, next(stream))
       if pending is not None:
-        _finish_step(logger, run, *pending, clock, wall)
+        _finish_step(logger, run, *pending, clock, wall, lr)
       pending = (step, metrics)
       if step % run.eval_every == 0 or step == run.total_steps:
         eval_loss = exp.evaluate(state.params, mesh)
         logger.log("eval", dict(step=step, tokens=step * run.tokens_per_step, time=clock(step), eval_loss=eval_loss))
     if pending is not None:
-      _finish_step(logger, run, *pending, clock, wall)
+      _finish_step(logger, run, *pending, clock, wall, lr)
     wall_s = wall()
     records = logger.records
   tokens = run.total_steps * run.tokens_per_step
   virtual = clock(run.total_steps) if run.clock.kind == "virtual" else float("nan")
   return RunResult(run=name, mode="dp", tokens=tokens, final_eval_loss=eval_loss, wall_seconds=wall_s,
                    virtual_seconds=virtual, tokens_per_second=tokens / wall_s, records=records,
-                   params=jax.device_get(state.params))
+                   params=jax.device_get(state.params), time_kind=run_time_kind(run))
 
 
 def _finish_step(logger, run: RunConfig, step: int, metrics: dict, clock: Callable[[int], float],
-                 wall: Callable[[], float]) -> None:
-  """Waits for `step`; logs it when due, with times read after the wait (its completion)."""
+                 wall: Callable[[], float], lr: Callable[[int], float]) -> None:
+  """Waits for `step`; logs it when due, with times read after the wait (its completion) and its inner lr."""
   if step % run.log_every and step != run.total_steps:
     jax.block_until_ready(metrics)
     return
   m = host(metrics)
   logger.log("train", dict(step=step, tokens=step * run.tokens_per_step, time=clock(step), wall=wall(),
-                           loss=float(m["loss"]), grad_norm=float(m["grad_norm"])))
+                           loss=float(m["loss"]), grad_norm=float(m["grad_norm"]), lr=lr(step - 1)))

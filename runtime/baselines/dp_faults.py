@@ -4,6 +4,7 @@ Both run synchronous steps over every healthy slice. Without elasticity, any fai
 whole job: it pays a restart, loses the steps since its last checkpoint, and waits for the slice
 to be repaired (or a hot spare). Elastic DP pays a short reconfiguration, continues on the
 surviving slices with a smaller global batch, and pays it again when the slice returns.
+Their records' `time` is modeled under either clock.
 """
 
 import os
@@ -17,7 +18,7 @@ from runtime import devices as devices_lib
 from runtime.config import RunConfig
 from runtime.experiment import Experiment, RunResult, Stopwatch, make_logger
 from runtime.faults import plan
-from runtime.optim import inner_optimizer
+from runtime.optim import inner_lr, inner_optimizer
 from runtime.programs import init_state, make_train_step
 
 
@@ -72,7 +73,8 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
   eval_loss = float("nan")
   # A job that fails faster than it checkpoints never finishes; give up after this much modeled time.
   give_up_at = 50 * run.total_steps * step_s
-  with make_logger(run, workdir, name) as logger:
+  lr = inner_lr(run.inner, run.total_steps)
+  with make_logger(run, workdir, name, time_kind="modeled") as logger:
     while tokens < run.token_budget and t < give_up_at:
       healthy = tuple(s for s in range(active) if down_until[s] <= t)
       if not elastic and len(healthy) < active:
@@ -121,7 +123,8 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
         checkpoint = (jax.device_get(state), [s.state() for s in streams], tokens, steps)
         since_ckpt = []
       if steps % run.log_every == 0:
-        logger.log("train", dict(step=steps, tokens=tokens, time=t, loss=float(metrics["loss"]), slices=n))
+        logger.log("train", dict(step=steps, tokens=tokens, time=t, loss=float(metrics["loss"]), slices=n,
+                                 lr=lr(steps - 1)))
       if tokens >= next_eval or tokens >= run.token_budget or t >= give_up_at:
         next_eval += run.eval_every * run.tokens_per_step
         eval_loss = exp.evaluate(state.params, mesh)
@@ -133,6 +136,6 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
   allocated = len(slices) * t
   return RunResult(
       run=name, mode=run.mode, tokens=tokens, final_eval_loss=eval_loss, wall_seconds=clock(), virtual_seconds=t,
-      tokens_per_second=tokens / clock(), records=records, params=jax.device_get(state.params),
+      tokens_per_second=tokens / clock(), records=records, params=jax.device_get(state.params), time_kind="modeled",
       extras=dict(goodput=(useful - lost) / allocated if allocated else 0.0,
                   uptime=advanced / t if t else 0.0, faults=failures))

@@ -162,7 +162,7 @@ class Learner:
       params, self._corrupt_next = injection.corrupt(params, self._corrupt_next), ""
     return Report(self.index, params, self.tokens, self.steps, self.base_version, self.last_loss, sent_at=now,
                   data_start=self._round_start, data_end=self._data.position, busy_seconds=self._unreported_busy,
-                  round=self.round)
+                  round=self.round, total_steps=self.total_steps)
 
   def report_sent(self, report: Report) -> None:
     """The report is on its way: its data counts as reported until the syncer answers."""

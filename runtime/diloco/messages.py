@@ -21,6 +21,7 @@ class Report:
   data_end: dict = dataclasses.field(default_factory=dict)  # ... that this report trained on
   busy_seconds: float = 0.0  # slice time spent on this report's inner steps
   round: int = 0  # the learner's round it closes
+  total_steps: int = 0  # the learner's inner steps ever trained at the report: where its inner schedule stands
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,8 +12,9 @@ from runtime.diloco.ledger import Ledger, uptime
 from runtime.diloco.links import Links
 from runtime.diloco.messages import Report
 from runtime.diloco.syncer import MergeResult
-from runtime.experiment import Experiment, RunResult, Stopwatch
+from runtime.experiment import Experiment, RunResult, Stopwatch, run_time_kind
 from runtime.metrics import MetricsLogger
+from runtime.optim import inner_lr
 
 PyTree = Any
 # Fault records that count as injected faults (the rest are their consequences: rejoin, quarantine, ...).
@@ -38,6 +39,7 @@ class RunLog:
     self.eval_loss = float("nan")
     self._evaluated_version = -1
     self._next_eval = run.eval_every * run.tokens_per_step
+    self._inner_lr = inner_lr(run.inner, run.total_steps)
 
   def fault(self, kind: str, learner: int, now: float, detail: str) -> None:
     self.faults.append(self.logger.log("fault", dict(fault=kind, learner=learner, time=now, detail=detail)))
@@ -48,12 +50,18 @@ class RunLog:
 
   def merge(self, result: MergeResult, reports: Sequence[Report], now: float, stamp: dict, learners: Sequence[Learner],
             grace: float, quorum: int, goodput: float) -> None:
-    """The record of one outer step, with the learners' state at its end."""
+    """The record of one outer step, with the learners' state at its end.
+
+    Per merged learner, in the order of `merged`: its round's mean train loss (`losses`, their mean is `loss`)
+    and the inner learning rate of its last step (`lr`).
+    """
     self.tokens_merged += result.tokens
-    losses = [r.loss for r in reports if r.learner in result.merged]
+    kept = [r for r in reports if r.learner in result.merged]
+    losses = [r.loss for r in kept]
     record = dict(
         version=result.version, tokens=self.tokens_merged, time=now, **stamp,
-        loss=float(np.mean(losses)) if losses else float("nan"), merged=list(result.merged),
+        loss=float(np.mean(losses)) if losses else float("nan"), merged=list(result.merged), losses=losses,
+        lr=[self._inner_lr(r.total_steps - 1) for r in kept],
         num_merged=len(result.merged), quarantined=[m for m, _ in result.quarantined],
         staleness=list(result.staleness), weights=list(result.weights), update_norm=result.update_norm,
         busy=[l.busy_fraction(now) for l in learners], bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down,
@@ -102,7 +110,7 @@ class RunLog:
     return RunResult(
         run=self.name, mode=self.run.mode, tokens=self.tokens_merged, final_eval_loss=self.eval_loss,
         wall_seconds=wall, virtual_seconds=virtual_seconds, tokens_per_second=self.tokens_merged / wall,
-        records=self.logger.records, params=jax.device_get(params),
+        records=self.logger.records, params=jax.device_get(params), time_kind=run_time_kind(self.run),
         extras=dict(merges=len(self.merges), learners_per_merge=float(np.mean(merged_counts or [0])),
                     busy_mean=float(np.mean(busy)), busy_min=float(np.min(busy)),
                     goodput=ledger.goodput(now),

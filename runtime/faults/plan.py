@@ -6,6 +6,7 @@ same failures; `round_crash` says where in a learner's round the first of its cr
 """
 
 import dataclasses
+import math
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -74,6 +75,10 @@ def parse_schedule(text: str) -> tuple[Fault, ...]:
         values[key] = _FIELDS[kind][key](raw.strip())
       except ValueError:
         raise ConfigError("faults.schedule", item, f"{key} of type {_FIELDS[kind][key].__name__}") from None
+      if isinstance(values[key], float) and not math.isfinite(values[key]):
+        raise ConfigError("faults.schedule", item, f"{key} a finite number")
+      if key in ("learner", "duration", "factor") and values[key] < 0:
+        raise ConfigError("faults.schedule", item, f"{key} >= 0")
       if key in _CHOICES and values[key] not in _CHOICES[key]:
         raise ConfigError("faults.schedule", item, f"{key} in {_CHOICES[key]}")
     if "learner" not in values:

@@ -1,0 +1,277 @@
+"""The command line's boundary: configs found by name or path, `--help` with every field, one-line errors (exit 2).
+
+Every launcher calls `run(main)` instead of `absl.app.run(main)` and `launch(...)` inside `main`. What the user
+typed is checked before JAX or the corpus is touched: the config file, each `--config.FIELD` override (with a
+suggestion for a misspelled one), the whole typed config, and the workdir. A usage or config error prints one
+line and exits with status 2; a run that diverged exits with status 1; anything else is a bug and keeps its
+traceback.
+"""
+
+import contextlib
+import difflib
+import importlib
+import importlib.util
+import os
+import pathlib
+import sys
+import traceback
+from typing import Any, Callable, Iterator, Sequence
+
+import ml_collections
+from absl import app, flags
+from ml_collections import config_flags
+
+import configs
+from runtime import config_docs
+from runtime.config import from_config_dict
+from runtime.errors import ConfigError, DataError, TrainingDiverged, UsageError
+
+USAGE_EXIT = 2
+CONFIGS_DIR = pathlib.Path(configs.__file__).resolve().parent
+_HELP_FLAGS = ("--help", "-help", "-h", "--helpfull", "--helpshort", "-?")
+_QUIET_FIELDS = ("progress", "tensorboard", "compile_cache")  # overrides that do not change what a run computes
+
+
+def config_path(name_or_path: str) -> str:
+  """A config given as a path (from any directory), or by name ('smoke', 'smoke.py', 'configs/smoke.py')."""
+  text, colon, arg = name_or_path.partition(":")
+  path = pathlib.Path(text).expanduser()
+  candidates = [path, CONFIGS_DIR / path.name, CONFIGS_DIR / f"{path.name}.py"]
+  for candidate in candidates if text else ():
+    if candidate.is_file():
+      return str(candidate if candidate.is_absolute() else candidate.resolve()) + colon + arg
+  names = sorted(p.stem for p in CONFIGS_DIR.glob("*.py") if p.stem != "__init__")
+  raise UsageError(f"--config={name_or_path}: no such config file (looked for {text!r} from {os.getcwd()} and in "
+                   f"{CONFIGS_DIR}); allowed a path to a config file or one of the names {names}")
+
+
+def load_config(name_or_path: str) -> ml_collections.ConfigDict:
+  """Runs a config file's get_config() as config_flags will, but names the file and line of any failure."""
+  path, _, arg = config_path(name_or_path).partition(":")
+  try:
+    spec = importlib.util.spec_from_file_location(f"_config_{pathlib.Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+  except SyntaxError as error:
+    raise UsageError(f"--config={name_or_path}: syntax error at {error.filename}:{error.lineno}: {error.msg}") from None
+  except Exception as error:  # pylint: disable=broad-except
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == path]
+    where = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
+    raise UsageError(f"--config={name_or_path}: loading the config failed{where}: {type(error).__name__}: "
+                     f"{error}") from None
+
+
+def _config_arg(argv: Sequence[str], default: str) -> str:
+  """The last value given to --config in `argv` (--config=X or --config X; the last wins, as in absl)."""
+  value = default
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      value = arg.split("=", 1)[1]
+    elif arg == "--config" and i + 1 < len(argv):
+      value = argv[i + 1]
+  return value
+
+
+def _with_config_path(argv: Sequence[str], path: str) -> list[str]:
+  """`argv` with each --config value given replaced, in place, by the resolved `path`.
+
+  When none is given the flag's default stays (config_flags has parsed it already, and reads its overrides
+  from sys.argv itself).
+  """
+  out, skip = [], False
+  for i, arg in enumerate(argv):
+    if skip:
+      skip = False
+    elif arg.startswith("--config=") or (arg == "--config" and i + 1 < len(argv)):
+      out.append(f"--config={path}")
+      skip = arg == "--config"
+    else:
+      out.append(arg)
+  return out
+
+
+def check_overrides(argv: Sequence[str], config: ml_collections.ConfigDict) -> None:
+  """Every --config.FIELD in `argv` names a field of `config`; a misspelled one gets a suggestion."""
+  fields = config_docs.flatten(config)
+  sections = {f.rpartition(".")[0] for f in fields}
+  for arg in argv:
+    if not arg.startswith("--config."):
+      continue
+    field = arg[len("--config."):].split("=", 1)[0]
+    if field in fields or field in sections:
+      continue
+    leaf = field.rpartition(".")[2]
+    close = difflib.get_close_matches(field, fields, n=1) or [f for f in fields if f.endswith(f".{leaf}")][:1]
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    raise UsageError(f"unknown config field '{field}' ({arg}): {hint}allowed one of the {len(fields)} fields "
+                     "that --help lists")
+
+
+def define_config(default: str, help_string: str) -> Any:
+  """`--config` (config_flags.DEFINE_config_file) with its default found by name from any directory.
+
+  config_flags parses the default at definition when --config is not given, reading the overrides from sys.argv:
+  they are checked first, so that a misspelled field is one line (exit 2), not a traceback at import.
+  """
+  with _usage_errors(sys.argv):
+    path = config_path(default)
+    if _config_arg(sys.argv[1:], "") == "":
+      check_overrides(sys.argv[1:], load_config(path))
+    return config_flags.DEFINE_config_file("config", path, help_string)
+
+
+def check_workdir(workdir: str | None, flag: str = "--workdir") -> None:
+  """The workdir exists or can be created, and is writable."""
+  if not workdir:
+    return
+  path = pathlib.Path(workdir).expanduser()
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / ".write_probe"
+    probe.write_text("")
+    probe.unlink()
+  except OSError as error:
+    raise UsageError(f"{flag}={workdir}: cannot be created or written ({error.strerror or error}); allowed a "
+                     "directory this user can create and write") from None
+
+
+def fail(message: object) -> None:
+  """Prints `error: message` and a pointer to --help on stderr; exits with status 2."""
+  print(f"error: {message}\n(run with --help to list every flag and config field)", file=sys.stderr)
+  sys.exit(USAGE_EXIT)
+
+
+@contextlib.contextmanager
+def _usage_errors(argv: Sequence[str]) -> Iterator[None]:
+  """Shows a usage error raised inside as one line and exits 2: ours, absl's, and config_flags' own."""
+  try:
+    yield
+  except (UsageError, flags.Error) as error:
+    fail(error)
+  except (AttributeError, KeyError, TypeError, ValueError) as error:  # config_flags' override errors
+    fail(f"{' '.join(a for a in argv[1:] if a.startswith('--config'))}: {error}")
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with help (exit 0) and every usage error shown as one line (exit 2)."""
+  config_flag = flags.FLAGS["config"] if "config" in flags.FLAGS else None
+  with _usage_errors(argv):
+    if config_flag is not None:
+      given = _config_arg(argv[1:], config_flag.default_as_str.strip("'\""))
+      path = config_path(given)
+      argv = _with_config_path(argv, path)
+      config = load_config(path)
+      if any(arg in _HELP_FLAGS for arg in argv[1:]):
+        print(_launcher_help(argv[0]))
+        print()
+        print(config_docs.help_text(config, path.partition(":")[0]))
+        sys.exit(0)
+      check_overrides(argv[1:], config)
+    elif any(arg in _HELP_FLAGS for arg in argv[1:]):
+      print(_launcher_help(argv[0]))
+      sys.exit(0)
+    return flags.FLAGS(argv)
+  raise AssertionError("unreachable")
+
+
+def _launcher_help(program: str) -> str:
+  """The launcher's own flags (not absl's), with their defaults."""
+  module = sys.modules["__main__"]
+  doc = (module.__doc__ or "").strip()
+  own = flags.FLAGS.get_flags_for_module(sys.argv[0]) or flags.FLAGS.get_flags_for_module(module.__name__)
+  own += [flags.FLAGS["config"]] if "config" in flags.FLAGS else []  # defined here, by define_config
+  lines = [doc, "", f"usage: python -m {_module_name(program)} [--flag=value ...] [--config.FIELD=value ...]", "",
+           "Flags:"]
+  for flag in sorted(own, key=lambda f: f.name):
+    lines.append(f"  --{flag.name}={flag.default_as_str}")
+    lines.append(f"      {flag.help}")
+  return "\n".join(lines)
+
+
+def _module_name(program: str) -> str:
+  """`launch.train` for a launcher started as `python -m launch.train`."""
+  path = pathlib.Path(program).resolve()
+  return f"{path.parent.name}.{path.stem}" if path.parent.name == "launch" else path.name
+
+
+def run(main: Callable[[list[str]], None]) -> None:
+  """`absl.app.run(main)` with this module's flag parsing."""
+  app.run(main, flags_parser=parse_flags)
+
+
+def config_file() -> str:
+  """The path of the config file --config named (after flags are parsed)."""
+  return config_path(config_flags.get_config_filename(flags.FLAGS["config"]))
+
+
+def overrides() -> dict[str, Any]:
+  """The --config.FIELD=value overrides given on the command line, in order."""
+  return dict(config_flags.get_override_values(flags.FLAGS["config"])) if "config" in flags.FLAGS else {}
+
+
+def _format(value: Any) -> str:
+  """A value as it would be typed after --config.FIELD= ."""
+  if isinstance(value, (tuple, list)):
+    return "(" + ",".join(_format(v) for v in value) + ")"
+  return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def typed_text(value: Any) -> str:
+  """A value as --config.FIELD= reads it back exactly."""
+  if isinstance(value, (tuple, list)):
+    return "(" + ",".join(typed_text(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+  return repr(value) if isinstance(value, float) else str(value)
+
+
+def varied(fields: dict[str, Any]) -> str:
+  """'outer.quorum=2,inner_steps=10': the fields that make a run differ from its config file, safe as a path."""
+  text = ",".join(f"{k}={_format(v)}" for k, v in fields.items() if k not in _QUIET_FIELDS and k != "mode")
+  safe = "".join(c if c.isalnum() or c in "._=,+-()" else "_" for c in text)
+  return safe[:120]
+
+
+def run_name(config: ml_collections.ConfigDict) -> str:
+  """The run's name: its mode, then the fields overridden on the command line ('decoupled,outer.quorum=2')."""
+  return ",".join(filter(None, (str(config.get("mode", "decoupled")), varied(overrides()))))
+
+
+def integers(flag: str, values: Sequence[str]) -> list[int]:
+  """A list flag's values as integers; anything else is a usage error naming the flag (exit 2)."""
+  try:
+    return [int(v) for v in values]
+  except ValueError:
+    fail(f"--{flag}={','.join(values)}: allowed a comma-separated list of integers")
+  raise AssertionError("unreachable")
+
+
+def choices(flag: str, values: Sequence[str], allowed: Sequence[str]) -> list[str]:
+  """A list flag's values, each one of `allowed`; anything else is a usage error naming the flag (exit 2)."""
+  for value in values:
+    if value not in allowed:
+      close = difflib.get_close_matches(value, allowed, n=1)
+      fail(f"--{flag}: {value!r} is not allowed: " + (f"did you mean {close[0]!r}? " if close else "") +
+           f"allowed a comma-separated list of {list(allowed)}")
+  return list(values)
+
+
+def guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+  """`fn(*args, **kwargs)`; a config, data or usage error exits 2 and a diverged run exits 1, each with one line."""
+  try:
+    return fn(*args, **kwargs)
+  except (ConfigError, DataError, UsageError) as error:
+    fail(error)
+  except TrainingDiverged as error:
+    sys.exit(f"error: {error}")
+
+
+def launch(job: str, config: ml_collections.ConfigDict, workdir: str | None, *args: Any, **kwargs: Any) -> Any:
+  """Validates `config` and `workdir` before JAX starts, then runs `job` ('module:function') guarded."""
+
+  def validated_job() -> Any:
+    from_config_dict(config)
+    check_workdir(workdir)
+    module, _, function = job.partition(":")
+    return getattr(importlib.import_module(module), function)(config, workdir, *args, **kwargs)
+
+  return guarded(validated_job)
