@@ -44,6 +44,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.tensorboard = True
   # Persistent XLA compilation cache shared by learners, modes and reruns ("" turns it off).
   config.compile_cache = "~/.cache/decoupled-diloco/xla"
+  # Save a checkpoint (orbax, asynchronous, verified) every this many steps; 0 = none. Mode "dp" so far.
+  config.checkpoint_every = 0
+  # Newest checkpoints kept.
+  config.checkpoint_keep = 3
+  # Run again in a workdir that holds this run: resume from its newest sound checkpoint (a different config is
+  # refused, naming the fields). False: start afresh in a new run directory beside it; nothing is deleted.
+  config.resume = True
 
   config.model = ml_collections.ConfigDict()
   # A named size (tiny, small, base, 100m); fields set below override it.

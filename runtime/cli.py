@@ -29,7 +29,8 @@ from runtime.errors import ConfigError, DataError, TrainingDiverged, UsageError
 USAGE_EXIT = 2
 CONFIGS_DIR = pathlib.Path(configs.__file__).resolve().parent
 _HELP_FLAGS = ("--help", "-help", "-h", "--helpfull", "--helpshort", "-?")
-_QUIET_FIELDS = ("progress", "tensorboard", "compile_cache")  # overrides that do not change what a run computes
+# Fields that change nothing a run computes: not part of its name (a resumed run finds its directory whatever they are).
+_QUIET_FIELDS = ("progress", "tensorboard", "compile_cache", "checkpoint_every", "checkpoint_keep", "resume")
 
 
 def config_path(name_or_path: str) -> str:

@@ -115,6 +115,9 @@ class RunConfig:
   progress: bool = True
   tensorboard: bool = True
   compile_cache: str = "~/.cache/decoupled-diloco/xla"  # persistent XLA compilation cache; "" = off
+  checkpoint_every: int = 0  # steps between checkpoints of the run (mode "dp" so far); 0 = none
+  checkpoint_keep: int = 3  # newest checkpoints kept
+  resume: bool = True  # the workdir holds this run: resume it; False: start afresh in a new run directory
 
   @property
   def tokens_per_step(self) -> int:
@@ -275,6 +278,10 @@ def validate(run: RunConfig) -> None:
   check(run.eval_every >= 1, "eval_every", run.eval_every, "an integer >= 1")
   check(run.eval_batches >= 1, "eval_batches", run.eval_batches, "an integer >= 1")
   check(run.log_every >= 1, "log_every", run.log_every, "an integer >= 1")
+  check(run.checkpoint_every >= 0, "checkpoint_every", run.checkpoint_every, "an integer >= 0 (0 = no checkpoints)")
+  check(run.checkpoint_every == 0 or run.mode == "dp", "checkpoint_every", run.checkpoint_every,
+        f"0 in mode '{run.mode}': checkpoints are implemented for mode 'dp' so far")
+  check(run.checkpoint_keep >= 1, "checkpoint_keep", run.checkpoint_keep, "an integer >= 1")
   check(m.positions in POSITIONS, "model.positions", m.positions, f"one of {POSITIONS}")
   check(m.dtype in DTYPES, "model.dtype", m.dtype, f"one of {DTYPES}")
   for name in ("num_layers", "d_model", "num_heads", "mlp_dim", "max_len"):

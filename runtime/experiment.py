@@ -76,10 +76,14 @@ def run_time_kind(run: RunConfig) -> str:
 
 
 def make_logger(run: RunConfig, workdir: str | os.PathLike | None, name: str,
-                time_kind: str | None = None) -> MetricsLogger:
-  """A metrics logger whose progress bar counts the run's token budget; `time_kind` defaults to the clock's."""
+                time_kind: str | None = None, resume_after: int | None = None) -> MetricsLogger:
+  """A metrics logger whose progress bar counts the run's token budget; `time_kind` defaults to the clock's.
+
+  `resume_after`: tokens at the checkpoint the run resumes from (its records up to there are kept).
+  """
   return MetricsLogger(workdir, run=name, total_tokens=run.token_budget, progress=run.progress,
-                       tensorboard=run.tensorboard, time_kind=time_kind or run_time_kind(run))
+                       tensorboard=run.tensorboard, time_kind=time_kind or run_time_kind(run),
+                       resume_after=resume_after)
 
 
 def finish(results: list[RunResult], workdir: str | os.PathLike | None, title: str) -> str:

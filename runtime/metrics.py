@@ -58,12 +58,19 @@ class _Sink(Protocol):
 
 
 class _JsonlFile:
-  """Writes records to a fresh JSON-lines file, flushed per record so a crash loses none."""
+  """Writes records to a JSON-lines file, flushed per record so a crash loses none.
 
-  def __init__(self, path: pathlib.Path):
+  A fresh run starts the file afresh; a resumed one first rewrites it with the records it keeps (atomically),
+  then appends.
+  """
+
+  def __init__(self, path: pathlib.Path, kept: list[Mapping[str, Value]] | None = None):
     path.parent.mkdir(parents=True, exist_ok=True)
-    # A run starts its history afresh: two runs in one workdir must not interleave records.
-    self._file = path.open("w", encoding="utf-8")
+    if kept is not None:
+      tmp = path.with_suffix(".jsonl.tmp")
+      tmp.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in kept), encoding="utf-8")
+      tmp.replace(path)
+    self._file = path.open("a" if kept is not None else "w", encoding="utf-8")
 
   def write(self, record: Mapping[str, Value]) -> None:
     self._file.write(json.dumps(record, allow_nan=True) + "\n")
@@ -76,11 +83,12 @@ class _JsonlFile:
 class _TensorBoard:
   """Writes a record's numbers as scalars `kind/key` at the record's tokens (else step) and wall time."""
 
-  def __init__(self, logdir: pathlib.Path):
+  def __init__(self, logdir: pathlib.Path, purge_step: int | None = None):
     # Imported here: tensorboardX loads protobuf, which in-memory loggers do not need.
     from tensorboardX import SummaryWriter
 
-    self._writer = SummaryWriter(logdir=str(logdir))
+    # A resumed run purges the events it logged after its checkpoint: TensorBoard shows one run.
+    self._writer = SummaryWriter(logdir=str(logdir), purge_step=purge_step)
 
   def write(self, record: Mapping[str, Value]) -> None:
     kind = record["kind"]
@@ -141,8 +149,13 @@ class MetricsLogger:
       progress: bool = True,
       tensorboard: bool = True,
       time_kind: str = "modeled",
+      resume_after: int | None = None,
   ):
-    """`time_kind` says what the records' `time` measures ("modeled" or "wall"); the bar's tok/s shows it."""
+    """`time_kind` says what the records' `time` measures ("modeled" or "wall"); the bar's tok/s shows it.
+
+    `resume_after`: the run resumes from a checkpoint taken at this many tokens; the records the file holds up to
+    there are kept (and returned by `records`), later ones are dropped, as are TensorBoard's later events.
+    """
     if time_kind not in TIME_KINDS:
       raise ValueError(f"MetricsLogger: time_kind={time_kind!r}: allowed {list(TIME_KINDS)}")
     self._records: list[dict[str, Value]] = []
@@ -150,9 +163,14 @@ class MetricsLogger:
     self._closed = False
     if workdir is not None:
       run_dir = pathlib.Path(workdir) / run
-      self._sinks.append(_JsonlFile(run_dir / "metrics.jsonl"))
+      kept = None
+      if resume_after is not None:
+        old = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+        kept = [r for r in old if isinstance(r.get("tokens"), int) and r["tokens"] <= resume_after]
+        self._records = kept
+      self._sinks.append(_JsonlFile(run_dir / "metrics.jsonl", kept))
       if tensorboard:
-        self._sinks.append(_TensorBoard(run_dir / "tb"))
+        self._sinks.append(_TensorBoard(run_dir / "tb", None if resume_after is None else resume_after + 1))
     if progress and total_tokens is not None:
       self._sinks.append(_TokenProgress(total_tokens, time_kind))
 

@@ -23,8 +23,9 @@ def prepare(config: ml_collections.ConfigDict) -> RunConfig:
 
 
 def train_one(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str) -> RunResult:
-  """Trains one run in the mode its config names; its config and environment go to `workdir/name/run.json`."""
+  """Trains one run in the mode its config names, in `workdir/name` (see provenance.claim); run.json first."""
   if workdir is not None:
+    name = provenance.claim(workdir, name, run, resumable=run.mode == "dp" and run.checkpoint_every > 0)
     provenance.write(run, pathlib.Path(workdir) / name, name)
   if run.mode == "dp":
     from runtime.baselines.dp import train_dp  # pylint: disable=g-import-not-at-top

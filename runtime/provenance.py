@@ -15,6 +15,7 @@ from typing import Any
 import jax
 
 from runtime.config import RunConfig
+from runtime.errors import UsageError
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "ml-collections", "absl-py", "numpy")
 _REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -50,13 +51,62 @@ def environment() -> dict[str, Any]:
       device_kind=devices[0].device_kind, xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
+_QUIET = ("progress", "tensorboard", "compile_cache", "resume", "checkpoint_every", "checkpoint_keep")  # same numbers
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+  if isinstance(tree, dict):
+    return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+  return {prefix.rstrip("."): tree}
+
+
+def _config_json(run: RunConfig) -> dict:
+  """The run's config as run.json holds it (tuples become lists)."""
+  return json.loads(json.dumps(dataclasses.asdict(run), allow_nan=True, default=str))
+
+
+def _next_free(workdir: pathlib.Path, name: str) -> str:
+  n = 2
+  while (workdir / f"{name}.{n}").exists():
+    n += 1
+  return f"{name}.{n}"
+
+
+def claim(workdir: str | os.PathLike, name: str, run: RunConfig, resumable: bool) -> str:
+  """The directory name `run` writes to under `workdir`; nothing there is ever overwritten by another run.
+
+  `name` if it is free, or if it holds this same run and `resumable` (the run resumes from its checkpoints). A
+  different config there is refused, naming the fields that differ. With `resume=False`, or a run that cannot
+  resume, the next free `name.2`, `name.3`, ... is used instead (and said).
+  """
+  workdir = pathlib.Path(workdir)
+  run_dir = workdir / name
+  if not run_dir.exists() or not any(run_dir.iterdir()):
+    return name
+  record = run_dir / "run.json"
+  if run.resume and record.exists():
+    old, new = _flat(json.loads(record.read_text())["config"]), _flat(_config_json(run))
+    differ = [k for k in sorted(set(old) | set(new)) if k.split(".")[0] not in _QUIET and old.get(k) != new.get(k)]
+    if differ:
+      raise UsageError(f"--workdir={workdir}: run '{name}' there has a different config ("
+                       + "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:8])
+                       + (f"; and {len(differ) - 8} more" if len(differ) > 8 else "") + "); allowed the same config "
+                       "(to resume it), --config.resume=False (a fresh run beside it) or another --workdir")
+    if resumable:
+      return name
+  fresh = _next_free(workdir, name)
+  why = "resume=False" if not run.resume else f"mode '{run.mode}' without checkpoints cannot resume"
+  print(f"{run_dir} holds an earlier run and {why}: this run goes to {workdir / fresh}", flush=True)
+  return fresh
+
+
 def write(run: RunConfig, run_dir: str | os.PathLike, name: str) -> pathlib.Path:
   """Writes `run_dir/run.json`: the run's name, seed, time model, full resolved config and environment."""
   path = pathlib.Path(run_dir) / "run.json"
   path.parent.mkdir(parents=True, exist_ok=True)
   record = dict(name=name, mode=run.mode, seed=run.seed,
                 time="modeled (virtual clock)" if run.clock.kind == "virtual" else "wall (real clock)",
-                config=dataclasses.asdict(run), environment=environment())
+                config=_config_json(run), environment=environment())
   cpu = record["environment"]["backend"] == "cpu"
   record["environment"]["devices_used"] = run.num_devices if cpu else record["environment"]["device_count"]
   path.write_text(json.dumps(record, indent=2, allow_nan=True, default=str) + "\n")

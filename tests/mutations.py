@@ -74,6 +74,12 @@ MUTATIONS = {
         "runtime/sweep.py", "todo = [p for p in points if not (workdir / p.name / summary.RESULTS_FILE).exists()]",
         "todo = list(points)",
         "tests/test_sweep.py::test_a_two_by_two_sweep_writes_one_table_and_plot_and_a_second_invocation_skips_finished_points"),
+    "checkpoint_digest_ignored": (
+        "runtime/checkpoint.py", "if digest.read_text().strip() != _digest(step_dir):", "if False:",
+        "tests/test_checkpoint.py::test_a_damaged_latest_checkpoint_is_skipped_with_a_warning_naming_it"),
+    "dp_resume_forgets_the_data_position": (
+        "runtime/baselines/dp.py", "      stream.restore(meta[\"data\"])\n", "",
+        "tests/test_checkpoint.py::test_a_killed_data_parallel_run_resumes_and_ends_bit_identical_to_an_unkilled_one"),
 }
 
 

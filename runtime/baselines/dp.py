@@ -1,14 +1,17 @@
 """Synchronous data-parallel baseline: one jitted train step over a mesh of all devices."""
 
 import os
+import pathlib
 from typing import Callable
 
 import jax
+from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
 from runtime import data as data_lib
 from runtime import devices as devices_lib
+from runtime.checkpoint import Checkpoints
 from runtime.config import RunConfig
 from runtime.experiment import Experiment, RunResult, Stopwatch, host, make_logger, run_time_kind
 from runtime.optim import inner_lr, inner_optimizer
@@ -33,12 +36,22 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
   step_s = run.clock.step_seconds * max(run.clock.speeds or (1.0,))
   clock = (lambda step: step * step_s) if run.clock.kind == "virtual" else (lambda step: wall())
   lr = inner_lr(run.inner, run.total_steps)
-  eval_loss = float("nan")
-  with make_logger(run, workdir, name) as logger, stream:
+  eval_loss, start = float("nan"), 0
+  checkpoints = None
+  if workdir is not None and run.checkpoint_every:
+    checkpoints = Checkpoints(pathlib.Path(workdir) / name / "checkpoints", run.checkpoint_keep)
+    restored = checkpoints.restore_latest(state) if run.resume else None
+    if restored is not None:  # the state, the data position and the last eval: everything that decides the rest
+      start, state, meta = restored
+      stream.restore(meta["data"])
+      eval_loss = meta["eval_loss"]
+      logging.info("dp: resumed from %s at step %d", checkpoints.directory / str(start), start)
+  resume_after = start * run.tokens_per_step if checkpoints is not None and run.resume else None
+  with make_logger(run, workdir, name, resume_after=resume_after) as logger, stream:
     # The host waits for step t-1 after dispatching step t: the device never idles, and at most two
     # steps are in flight (a deep queue of multi-device programs can stall XLA:CPU's rendezvous).
     pending = None
-    for step in range(1, run.total_steps + 1):
+    for step in range(start + 1, run.total_steps + 1):
       state, metrics = step_fn(state, next(stream))
       if pending is not None:
         _finish_step(logger, run, *pending, clock, wall, lr)
@@ -46,8 +59,14 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
       if step % run.eval_every == 0 or step == run.total_steps:
         eval_loss = exp.evaluate(state.params, mesh)
         logger.log("eval", dict(step=step, tokens=step * run.tokens_per_step, time=clock(step), eval_loss=eval_loss))
+      if checkpoints is not None and (step % run.checkpoint_every == 0 or step == run.total_steps):
+        _finish_step(logger, run, *pending, clock, wall, lr)  # its record precedes the checkpoint
+        pending = None
+        checkpoints.save(step, state, dict(data=stream.state(), eval_loss=eval_loss))
     if pending is not None:
       _finish_step(logger, run, *pending, clock, wall, lr)
+    if checkpoints is not None:
+      checkpoints.close()
     wall_s = wall()
     records = logger.records
   tokens = run.total_steps * run.tokens_per_step

@@ -1,0 +1,162 @@
+"""Checkpoints: verified saves, corrupt ones skipped, and a data-parallel run killed and resumed bit for bit."""
+
+import json
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from launcher import FAST, REPO, launch
+from runtime.checkpoint import DIGEST, Checkpoints
+from runtime.metrics import read_jsonl
+
+DP = ["--config=smoke", *FAST, "--config.mode=dp", "--config.total_steps=12", "--config.eval_every=3",
+      "--config.log_every=1", "--config.checkpoint_every=2"]
+
+
+def _save_three(directory: pathlib.Path) -> Checkpoints:
+  checkpoints = Checkpoints(directory, keep=3)
+  for step in (1, 2, 3):
+    checkpoints.save(step, {"w": jnp.full((64,), float(step))}, {"step": step, "data": {"position": step}})
+    checkpoints._manager.wait_until_finished()  # pylint: disable=protected-access
+  checkpoints.close()
+  return checkpoints
+
+
+def test_the_newest_sound_checkpoint_is_restored_with_its_metadata(tmp_path):
+  _save_three(tmp_path)
+  step, state, meta = Checkpoints(tmp_path).restore_latest({"w": jnp.zeros((64,))})
+  assert step == 3 and meta == {"step": 3, "data": {"position": 3}}
+  np.testing.assert_array_equal(np.asarray(state["w"]), np.full((64,), 3.0))
+  assert all((tmp_path / str(s) / DIGEST).exists() for s in (1, 2, 3))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "random_bytes", "no_digest", "deleted_file"])
+def test_a_damaged_latest_checkpoint_is_skipped_with_a_warning_naming_it(tmp_path, damage, caplog):
+  _save_three(tmp_path)
+  files = sorted(p for p in (tmp_path / "3").rglob("*") if p.is_file() and p.name != DIGEST)
+  biggest = max(files, key=lambda p: p.stat().st_size)
+  if damage == "truncate":
+    biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
+  elif damage == "random_bytes":
+    data = bytearray(biggest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    biggest.write_bytes(bytes(data))
+  elif damage == "no_digest":
+    (tmp_path / "3" / DIGEST).unlink()
+  else:
+    biggest.unlink()
+  step, state, _ = Checkpoints(tmp_path).restore_latest({"w": jnp.zeros((64,))})
+  assert step == 2 and float(state["w"][0]) == 2.0
+  assert any(str(tmp_path / "3") in r.getMessage() and "skipped" in r.getMessage() for r in caplog.records)
+
+
+def test_with_no_sound_checkpoint_there_is_nothing_to_restore(tmp_path):
+  assert Checkpoints(tmp_path).restore_latest({"w": jnp.zeros((64,))}) is None
+  _save_three(tmp_path)
+  for step in (1, 2, 3):
+    (tmp_path / str(step) / DIGEST).write_text("0" * 64 + "\n")
+  assert Checkpoints(tmp_path).restore_latest({"w": jnp.zeros((64,))}) is None
+
+
+def _records(workdir: pathlib.Path) -> list[dict]:
+  """The run's records without what wall clocks decide (its `wall` seconds and each record's `wall_time`)."""
+  (path,) = workdir.glob("*/metrics.jsonl")
+  return [{k: v for k, v in r.items() if k not in ("wall", "wall_time")} for r in read_jsonl(path)]
+
+
+def _start(args: list[str], cwd: pathlib.Path) -> subprocess.Popen:
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["PYTHONPATH"] = str(REPO)
+  return subprocess.Popen([sys.executable, "-m", "launch.train", *args], cwd=cwd, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _killed_then_resumed(args: list[str], workdir: pathlib.Path, kills: int, rng: random.Random) -> int:
+  """Runs `args` in `workdir`, SIGKILLs it at random moments up to `kills` times, lets it finish; returns the kills."""
+  done = 0
+  while done < kills:
+    process = _start([*args, f"--workdir={workdir}"], workdir.parent)
+    time.sleep(rng.uniform(4.0, 14.0))  # start-up takes ~4 s, the run ~12 s: some kills land mid-save
+    if process.poll() is not None:
+      break  # it finished first
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    done += 1
+  process = _start([*args, f"--workdir={workdir}"], workdir.parent)
+  _, err = process.communicate(timeout=600)
+  assert process.returncode == 0, err[-3000:]
+  return done
+
+
+def _reference(args: list[str], tmp_path: pathlib.Path) -> list[dict]:
+  tmp_path.mkdir(parents=True, exist_ok=True)
+  out = launch("train", *args, f"--workdir={tmp_path / 'reference'}", cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return _records(tmp_path / "reference")
+
+
+def test_a_killed_data_parallel_run_resumes_and_ends_bit_identical_to_an_unkilled_one(tmp_path):
+  reference = _reference(DP, tmp_path)
+  workdir = tmp_path / "killed"
+  process = _start([*DP, f"--workdir={workdir}"], tmp_path)
+  while not list(workdir.glob("*/checkpoints/*/" + DIGEST)):  # killed once a checkpoint is verified
+    assert process.poll() is None, process.stderr.read()[-3000:]
+    time.sleep(0.05)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  partial = len(_records(workdir))
+  out = launch("train", *DP, f"--workdir={workdir}", cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "resumed from" in out.stderr
+  assert partial < len(reference) and _records(workdir) == reference  # eval losses included, in order
+
+
+@pytest.mark.slow
+def test_twenty_random_kills_across_seeds_never_lose_or_repeat_a_step(tmp_path):
+  rng, kills = random.Random(0), 0
+  for seed in (0, 1):
+    args = [*DP, f"--config.seed={seed}"]
+    reference = _reference(args, tmp_path / f"seed{seed}")
+    while kills < 10 * (seed + 1):
+      workdir = tmp_path / f"seed{seed}" / f"killed{kills}"
+      kills += _killed_then_resumed(args, workdir, 10 * (seed + 1) - kills, rng)
+      assert _records(workdir) == reference
+  assert kills >= 20
+
+
+def test_a_different_config_in_the_workdir_is_refused_naming_the_fields(tmp_path):
+  first = launch("train", *DP, f"--workdir={tmp_path}", cwd=tmp_path)
+  assert first.returncode == 0, first.stderr[-2000:]
+  (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+  again = launch("train", *DP, "--config.inner.lr=0.001", f"--workdir={tmp_path}", cwd=tmp_path)
+  assert again.returncode == 2 and "inner.lr" in again.stderr and "Traceback" not in again.stderr
+  # A run named differently goes to its own directory: the override is in its name, so no conflict there. The
+  # same name with another value in a field the name does not carry is what is refused above.
+  fresh = launch("train", *DP, "--config.resume=False", f"--workdir={tmp_path}", cwd=tmp_path)
+  assert fresh.returncode == 0 and (tmp_path / f"{run_dir.name}.2" / "metrics.jsonl").exists()
+  assert json.loads((run_dir / "run.json").read_text())["config"]["inner"]["lr"] == 0.003  # untouched
+
+
+def test_a_mode_that_cannot_resume_yet_starts_afresh_beside_the_earlier_run_and_deletes_nothing(tmp_path):
+  args = ["--config=smoke", *FAST, f"--workdir={tmp_path}"]
+  assert launch("train", *args, cwd=tmp_path).returncode == 0
+  (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+  before = (run_dir / "metrics.jsonl").read_text()
+  again = launch("train", *args, cwd=tmp_path)
+  assert again.returncode == 0 and "cannot resume" in again.stdout
+  assert (run_dir / "metrics.jsonl").read_text() == before
+  assert (tmp_path / f"{run_dir.name}.2" / "metrics.jsonl").exists()
+
+
+def test_checkpoints_are_refused_where_they_are_not_implemented_yet(tmp_path):
+  out = launch("train", "--config=smoke", "--config.checkpoint_every=2", f"--workdir={tmp_path}", cwd=tmp_path)
+  assert out.returncode == 2 and "checkpoint_every" in out.stderr and "'dp'" in out.stderr
+
