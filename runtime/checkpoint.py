@@ -56,11 +56,11 @@ class Checkpoints:
     self.blocking_seconds.append(time.perf_counter() - start)
 
   def _verify_committed(self) -> None:
-    """Digests, off this thread, the checkpoints whose background write has committed."""
-    if self._unverified and not self._manager.is_saving_in_progress():
-      for step in self._unverified:
-        self._verifier.submit(self._write_digest, step)
-      self._unverified = []
+    """Digests, off this thread, the checkpoints whose background write has committed (renamed to its step)."""
+    committed = [s for s in self._unverified if (self.directory / str(s) / "commit_success.txt").exists()]
+    for step in committed:
+      self._verifier.submit(self._write_digest, step)
+    self._unverified = [s for s in self._unverified if s not in committed]
 
   def _write_digest(self, step: int) -> None:
     step_dir = self.directory / str(step)
