@@ -211,23 +211,19 @@ def overrides() -> dict[str, Any]:
   return dict(config_flags.get_override_values(flags.FLAGS["config"])) if "config" in flags.FLAGS else {}
 
 
-def _format(value: Any) -> str:
-  """A value as it would be typed after --config.FIELD= ."""
+def typed_text(value: Any, short: bool = False) -> str:
+  """A value as --config.FIELD= reads it back exactly; `short`: as a run's name shows it (floats to 6 digits)."""
   if isinstance(value, (tuple, list)):
-    return "(" + ",".join(_format(v) for v in value) + ")"
-  return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def typed_text(value: Any) -> str:
-  """A value as --config.FIELD= reads it back exactly."""
-  if isinstance(value, (tuple, list)):
-    return "(" + ",".join(typed_text(v) for v in value) + ("," if len(value) == 1 else "") + ")"
-  return repr(value) if isinstance(value, float) else str(value)
+    single = "," if len(value) == 1 and not short else ""
+    return "(" + ",".join(typed_text(v, short) for v in value) + single + ")"
+  if isinstance(value, float):
+    return f"{value:g}" if short else repr(value)
+  return str(value)
 
 
 def varied(fields: dict[str, Any]) -> str:
   """'outer.quorum=2,inner_steps=10': the fields that make a run differ from its config file, safe as a path."""
-  text = ",".join(f"{k}={_format(v)}" for k, v in fields.items() if k not in _QUIET_FIELDS and k != "mode")
+  text = ",".join(f"{k}={typed_text(v, short=True)}" for k, v in fields.items() if k not in _QUIET_FIELDS and k != "mode")
   safe = "".join(c if c.isalnum() or c in "._=,+-()" else "_" for c in text)
   return safe[:120]
 

@@ -54,8 +54,7 @@ def field_docs(path: str | pathlib.Path) -> dict[str, str]:
         own[field] = _inline_comment(rest) or shared
     else:
       block, shared = [], ""
-  merged = {**docs, **{k: v for k, v in own.items() if v and k not in docs}}  # the base's order first
-  return merged
+  return {**docs, **{k: v for k, v in own.items() if v and k not in docs}}  # the base's order first
 
 
 def flatten(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:

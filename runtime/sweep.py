@@ -212,8 +212,7 @@ def compare(points: Sequence[Point], workdir: pathlib.Path, failed: dict[Point, 
       result = json.loads(results_path.read_text())[0]
       row.update(status="done", **{k: v for k, v in result.items() if k not in ("run", "mode")})
       label = ", ".join(f"{f}={v}" for f, v in point.fields)
-      for path in sorted((workdir / point.name).glob("*/metrics.jsonl")):
-        curves[label] = metrics.read_jsonl(path)
+      curves[label] = metrics.read_jsonl(workdir / point.name / result["run"] / "metrics.jsonl")  # the run tabulated
     rows.append(row)
   columns = list(dict.fromkeys([*varied, "status", *(k for r in rows for k in r)]))
   title = f"sweep over {' × '.join(varied)}: {len(points)} points"
