@@ -44,8 +44,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.tensorboard = True
   # Persistent XLA compilation cache shared by learners, modes and reruns ("" turns it off).
   config.compile_cache = "~/.cache/decoupled-diloco/xla"
-  # Save a checkpoint (orbax, asynchronous, verified) every this many steps; 0 = none. Mode "dp" so far.
+  # Save a checkpoint (orbax, asynchronous, verified) every this many steps (dp) or merges (decoupled,
+  # diloco_sync); 0 = none. A killed run resumes from its newest sound one when run again with the same workdir.
   config.checkpoint_every = 0
+  # decoupled, diloco_sync: also save at the first merge this many seconds of the run's clock (modeled under the
+  # virtual clock, wall under the real one) after the last checkpoint; 0 = by checkpoint_every only.
+  config.checkpoint_seconds = 0.0
   # Newest checkpoints kept.
   config.checkpoint_keep = 3
   # Run again in a workdir that holds this run: resume from its newest sound checkpoint (a different config is

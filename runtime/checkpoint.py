@@ -6,15 +6,18 @@ each checkpoint gets `digest.sha256` (a SHA-256 over its files, computed off the
 the newest checkpoint whose digest matches its files and that loads; one without a digest (the run stopped before
 it was verified), with a mismatch (truncated or overwritten files) or that fails to load is skipped with a warning
 naming it, and the one before is tried.
+
+`save` copies the arrays on the caller's thread (orbax's blocking part); `save_async` hands a function that gathers
+the arrays and metadata to a saver thread, so the caller waits for nothing unless the previous save is still
+gathering (then it waits for it: no save is ever skipped).
 """
 
 import concurrent.futures
 import hashlib
 import pathlib
 import time
-from typing import Any
+from typing import Any, Callable
 
-import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -33,48 +36,103 @@ def _digest(step_dir: pathlib.Path) -> str:
   return sha.hexdigest()
 
 
+def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
+  """Arrays as an uncompressed pytree (float weights barely compress; zstd costs CPU), meta as JSON."""
+  registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+  arrays = ocp.PyTreeCheckpointHandler(use_compression=False)
+  registry.add("state", ocp.args.PyTreeSave, arrays)
+  registry.add("state", ocp.args.PyTreeRestore, arrays)
+  json_handler = ocp.JsonCheckpointHandler()
+  registry.add("meta", ocp.args.JsonSave, json_handler)
+  registry.add("meta", ocp.args.JsonRestore, json_handler)
+  return registry
+
+
+def restore_args(like: PyTree) -> ocp.args.PyTreeRestore:
+  """Restores arrays shaped, typed and placed like `like`'s (NumPy arrays restore as NumPy arrays)."""
+  return ocp.args.PyTreeRestore(item=like, restore_args=ocp.checkpoint_utils.construct_restore_args(like))
+
+
 class Checkpoints:
   """The checkpoints of one run under `directory`, the newest `keep` of them kept."""
 
   def __init__(self, directory: str | pathlib.Path, keep: int = 3):
     self.directory = pathlib.Path(directory).resolve()
     self._manager = ocp.CheckpointManager(
-        self.directory, item_names=("state", "meta"),
+        self.directory, handler_registry=_handlers(),
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
                                              cleanup_tmp_directories=True))
     self._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-digest")
+    self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-save")
+    self._gathering: concurrent.futures.Future | None = None  # the save_async in progress
+    self._digests: list[concurrent.futures.Future] = []
     self._unverified: list[int] = []
     self.blocking_seconds: list[float] = []  # per save: how long the caller waited
 
   def save(self, step: int, state: PyTree, meta: dict) -> None:
     """Starts saving `state` (arrays) and `meta` (JSON) as checkpoint `step`; returns once the arrays are copied."""
     start = time.perf_counter()
-    self._verify_committed()
-    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                     meta=ocp.args.JsonSave(meta)))
-    self._unverified.append(step)
+    self._save(step, state, meta)
     self.blocking_seconds.append(time.perf_counter() - start)
+
+  def save_async(self, step: int, gather: Callable[[], tuple[PyTree, dict]]) -> None:
+    """Saves checkpoint `step` from `gather()` = (arrays, meta), called on the saver thread.
+
+    Returns at once unless the previous save is still gathering (which includes orbax waiting for the write
+    before it to finish); an error of an earlier save is raised here.
+    """
+    start = time.perf_counter()
+    if self._gathering is not None:
+      self._gathering.result()
+    self._gathering = self._saver.submit(lambda: self._save(step, *gather()))
+    self.blocking_seconds.append(time.perf_counter() - start)
+
+  def _save(self, step: int, state: PyTree, meta: dict) -> None:
+    self._verify_committed()
+    if not self._manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state),
+                                                            meta=ocp.args.JsonSave(meta))):
+      raise RuntimeError(f"checkpoint {self.directory / str(step)} was not saved: steps must exceed the newest, "
+                         f"{self._manager.latest_step()}")
+    self._unverified.append(step)
 
   def _verify_committed(self) -> None:
     """Digests, off this thread, the checkpoints whose background write has committed (renamed to its step)."""
     committed = [s for s in self._unverified if (self.directory / str(s) / "commit_success.txt").exists()]
     for step in committed:
-      self._verifier.submit(self._write_digest, step)
+      self._digests.append(self._verifier.submit(self._write_digest, step))
     self._unverified = [s for s in self._unverified if s not in committed]
 
   def _write_digest(self, step: int) -> None:
     step_dir = self.directory / str(step)
-    if step_dir.is_dir():  # not already removed by max_to_keep
+    try:
       tmp = step_dir / f"{DIGEST}.tmp"
       tmp.write_text(_digest(step_dir) + "\n")
       tmp.rename(step_dir / DIGEST)
+    except FileNotFoundError:
+      pass  # removed by max_to_keep meanwhile
 
-  def close(self) -> None:
-    """Waits for the saves in progress and verifies them."""
+  def flush(self) -> None:
+    """Waits until every save so far is written and verified (raises a failed save's error)."""
+    if self._gathering is not None:
+      self._gathering.result()
     self._manager.wait_until_finished()
     self._verify_committed()
-    self._verifier.shutdown(wait=True)
-    self._manager.close()
+    digests, self._digests = self._digests, []
+    for digest in digests:
+      digest.result()
+
+  def close(self, quiet: bool = False) -> None:
+    """Waits for the saves in progress and verifies them; `quiet` (closing after a failure) logs their errors."""
+    try:
+      self.flush()
+    except Exception as error:  # pylint: disable=broad-except
+      if not quiet:
+        raise
+      logging.error("checkpoints under %s: a save failed while the run was failing: %s", self.directory, error)
+    finally:
+      self._saver.shutdown(wait=True)
+      self._verifier.shutdown(wait=True)
+      self._manager.close()
 
   def steps(self) -> list[int]:
     """The committed checkpoints, newest first."""
@@ -90,17 +148,34 @@ class Checkpoints:
       return "its files do not match their digest (truncated or corrupted)"
     return None
 
-  def restore_latest(self, like: PyTree) -> tuple[int, PyTree, dict] | None:
-    """(step, state shaped and sharded like `like`, meta) of the newest sound checkpoint, or None if none is."""
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+  def restore_latest(self, like: PyTree | Callable[[dict], PyTree]) -> tuple[int, PyTree, dict] | None:
+    """(step, state, meta) of the newest sound checkpoint, or None if none is.
+
+    The state is shaped and sharded like `like`, or like `like(meta)` (numpy arrays restore as numpy arrays).
+    Skipped checkpoints are moved aside to `<directory>.skipped/` (kept, not deleted), so that the resumed run
+    saves those steps afresh.
+    """
+    skipped, found = [], None
     for step in self.steps():
       problem = self.problem(step)
       if problem is None:
         try:
-          restored = self._manager.restore(step, args=ocp.args.Composite(
-              state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-          return step, restored.state, restored.meta
+          meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+          target = like(meta) if callable(like) else like
+          state = self._manager.restore(step, args=ocp.args.Composite(state=restore_args(target))).state
+          found = step, state, meta
+          break
         except Exception as error:  # pylint: disable=broad-except
           problem = f"it failed to load ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
       logging.warning("checkpoint %s is skipped: %s; trying the one before", self.directory / str(step), problem)
-    return None
+      skipped.append(step)
+    if skipped:
+      aside = self.directory.with_name(self.directory.name + ".skipped")
+      aside.mkdir(exist_ok=True)
+      for step in skipped:
+        target = aside / str(step)
+        while target.exists():
+          target = target.with_name(target.name + "+")
+        (self.directory / str(step)).rename(target)
+      self._manager.reload()
+    return found

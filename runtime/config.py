@@ -14,6 +14,7 @@ from runtime.errors import ConfigError, check
 from runtime.faults.plan import FaultConfig, parse_schedule
 
 MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
+CHECKPOINT_MODES = ("dp", "decoupled", "diloco_sync")  # modes a killed run resumes from its checkpoints in
 CLOCKS = ("virtual", "real")
 GRACE_KINDS = ("none", "adaptive", "fixed")
 MERGE_METHODS = ("rda", "mean")  # per tensor: radial-directional averaging, or the weighted mean
@@ -115,7 +116,8 @@ class RunConfig:
   progress: bool = True
   tensorboard: bool = True
   compile_cache: str = "~/.cache/decoupled-diloco/xla"  # persistent XLA compilation cache; "" = off
-  checkpoint_every: int = 0  # steps between checkpoints of the run (mode "dp" so far); 0 = none
+  checkpoint_every: int = 0  # steps (dp) or merges (decoupled, diloco_sync) between checkpoints; 0 = none
+  checkpoint_seconds: float = 0.0  # decoupled, diloco_sync: also checkpoint at a merge this long after the last
   checkpoint_keep: int = 3  # newest checkpoints kept
   resume: bool = True  # the workdir holds this run: resume it; False: start afresh in a new run directory
 
@@ -279,8 +281,12 @@ def validate(run: RunConfig) -> None:
   check(run.eval_batches >= 1, "eval_batches", run.eval_batches, "an integer >= 1")
   check(run.log_every >= 1, "log_every", run.log_every, "an integer >= 1")
   check(run.checkpoint_every >= 0, "checkpoint_every", run.checkpoint_every, "an integer >= 0 (0 = no checkpoints)")
-  check(run.checkpoint_every == 0 or run.mode == "dp", "checkpoint_every", run.checkpoint_every,
-        f"0 in mode '{run.mode}': checkpoints are implemented for mode 'dp' so far")
+  check(run.checkpoint_every == 0 or run.mode in CHECKPOINT_MODES, "checkpoint_every", run.checkpoint_every,
+        f"0 in mode '{run.mode}': runs resume from checkpoints in modes {CHECKPOINT_MODES} (dp_restart checkpoints "
+        "by faults.checkpoint_every)")
+  check(run.checkpoint_seconds >= 0, "checkpoint_seconds", run.checkpoint_seconds, "a number >= 0 (0 = none)")
+  check(run.checkpoint_seconds == 0 or run.mode in CHECKPOINT_MODES[1:], "checkpoint_seconds",
+        run.checkpoint_seconds, f"0 in mode '{run.mode}': allowed in modes {CHECKPOINT_MODES[1:]}")
   check(run.checkpoint_keep >= 1, "checkpoint_keep", run.checkpoint_keep, "an integer >= 1")
   check(m.positions in POSITIONS, "model.positions", m.positions, f"one of {POSITIONS}")
   check(m.dtype in DTYPES, "model.dtype", m.dtype, f"one of {DTYPES}")

@@ -76,14 +76,16 @@ def run_time_kind(run: RunConfig) -> str:
 
 
 def make_logger(run: RunConfig, workdir: str | os.PathLike | None, name: str,
-                time_kind: str | None = None, resume_after: int | None = None) -> MetricsLogger:
+                time_kind: str | None = None, resume_after: int | None = None,
+                keep_records: int | None = None) -> MetricsLogger:
   """A metrics logger whose progress bar counts the run's token budget; `time_kind` defaults to the clock's.
 
-  `resume_after`: tokens at the checkpoint the run resumes from (its records up to there are kept).
+  `resume_after`: tokens at the checkpoint the run resumes from (its records up to there are kept, or its first
+  `keep_records` records).
   """
   return MetricsLogger(workdir, run=name, total_tokens=run.token_budget, progress=run.progress,
                        tensorboard=run.tensorboard, time_kind=time_kind or run_time_kind(run),
-                       resume_after=resume_after)
+                       resume_after=resume_after, keep_records=keep_records)
 
 
 def finish(results: list[RunResult], workdir: str | os.PathLike | None, title: str) -> str:
@@ -104,10 +106,10 @@ def finish(results: list[RunResult], workdir: str | os.PathLike | None, title: s
 
 
 class Stopwatch:
-  """Wall-clock seconds since construction."""
+  """Wall-clock seconds since construction, plus `elapsed` seconds counted before (a resumed run's)."""
 
-  def __init__(self):
-    self._start = time.perf_counter()
+  def __init__(self, elapsed: float = 0.0):
+    self._start = time.perf_counter() - elapsed
 
   def __call__(self) -> float:
     return time.perf_counter() - self._start

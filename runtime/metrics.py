@@ -150,11 +150,14 @@ class MetricsLogger:
       tensorboard: bool = True,
       time_kind: str = "modeled",
       resume_after: int | None = None,
+      keep_records: int | None = None,
   ):
     """`time_kind` says what the records' `time` measures ("modeled" or "wall"); the bar's tok/s shows it.
 
     `resume_after`: the run resumes from a checkpoint taken at this many tokens; the records the file holds up to
     there are kept (and returned by `records`), later ones are dropped, as are TensorBoard's later events.
+    `keep_records`: with `resume_after`, keep the file's first `keep_records` records instead (a checkpoint that
+    counted the records written before it).
     """
     if time_kind not in TIME_KINDS:
       raise ValueError(f"MetricsLogger: time_kind={time_kind!r}: allowed {list(TIME_KINDS)}")
@@ -166,7 +169,10 @@ class MetricsLogger:
       kept = None
       if resume_after is not None:
         old = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
-        kept = [r for r in old if isinstance(r.get("tokens"), int) and r["tokens"] <= resume_after]
+        if keep_records is not None:
+          kept = old[:keep_records]
+        else:
+          kept = [r for r in old if isinstance(r.get("tokens"), int) and r["tokens"] <= resume_after]
         self._records = kept
       self._sinks.append(_JsonlFile(run_dir / "metrics.jsonl", kept))
       if tensorboard:

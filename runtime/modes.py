@@ -10,7 +10,7 @@ from absl import logging
 
 from runtime import devices as devices_lib
 from runtime import provenance, summary
-from runtime.config import RunConfig, from_config_dict, with_mode
+from runtime.config import CHECKPOINT_MODES, RunConfig, from_config_dict, with_mode
 from runtime.experiment import Experiment, RunResult, finish
 
 
@@ -25,7 +25,8 @@ def prepare(config: ml_collections.ConfigDict) -> RunConfig:
 def train_one(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str) -> RunResult:
   """Trains one run in the mode its config names, in `workdir/name` (see provenance.claim); run.json first."""
   if workdir is not None:
-    name = provenance.claim(workdir, name, run, resumable=run.mode == "dp" and run.checkpoint_every > 0)
+    resumable = run.mode in CHECKPOINT_MODES and (run.checkpoint_every > 0 or run.checkpoint_seconds > 0)
+    name = provenance.claim(workdir, name, run, resumable=resumable)
     provenance.write(run, pathlib.Path(workdir) / name, name)
   if run.mode == "dp":
     from runtime.baselines.dp import train_dp  # pylint: disable=g-import-not-at-top

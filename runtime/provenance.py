@@ -51,7 +51,8 @@ def environment() -> dict[str, Any]:
       device_kind=devices[0].device_kind, xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
-_QUIET = ("progress", "tensorboard", "compile_cache", "resume", "checkpoint_every", "checkpoint_keep")  # same numbers
+_QUIET = ("progress", "tensorboard", "compile_cache", "resume", "checkpoint_every", "checkpoint_keep",
+          "checkpoint_seconds")  # same numbers
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:

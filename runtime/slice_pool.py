@@ -61,6 +61,15 @@ class SlicePool:
     self._spares.append(slice_index)
     return None
 
+  def snapshot(self) -> dict:
+    return dict(spares=self._spares, waiting=self._waiting, repairing=sorted(self._repairing),
+                crashed=sorted(self._crashed), held=sorted(self._held.items()))
+
+  def restore(self, saved: dict) -> None:
+    self._spares, self._waiting = list(saved["spares"]), list(saved["waiting"])
+    self._repairing, self._crashed = set(saved["repairing"]), set(saved["crashed"])
+    self._held = {m: s for m, s in saved["held"]}
+
   def take_crashed(self) -> list[int]:
     """The slices whose programs failed, sorted, forgotten once taken."""
     crashed, self._crashed = sorted(self._crashed), set()

@@ -15,6 +15,8 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
+_RESUME_TEST = "tests/test_resume.py::test_killed_mid_flight_four_times_the_run_ends_bit_identical_to_one_never_killed"
+
 # name: (file, text, mutated text, the test that must catch it)
 MUTATIONS = {
     "rejoin_with_own_old_theta": (
@@ -80,6 +82,14 @@ MUTATIONS = {
     "dp_resume_forgets_the_data_position": (
         "runtime/baselines/dp.py", "      stream.restore(meta[\"data\"])\n", "",
         "tests/test_checkpoint.py::test_a_killed_data_parallel_run_resumes_and_ends_bit_identical_to_an_unkilled_one"),
+    "resume_forgets_the_goodput_ledger": (
+        "runtime/diloco/ledger.py",
+        'self.useful_seconds, self.lost_seconds = saved["useful_seconds"], saved["lost_seconds"]', "pass", _RESUME_TEST),
+    "resume_forgets_a_link_fault": (
+        "runtime/diloco/links.py", 'self._faults = {m: (until, mode) for m, until, mode in saved["faults"]}', "pass",
+        _RESUME_TEST),
+    "resume_forgets_a_failed_program_in_flight": (
+        "runtime/diloco/learner.py", 'failure = part["failure"] or failure', "failure = failure", _RESUME_TEST),
 }
 
 

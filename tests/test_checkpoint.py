@@ -53,9 +53,16 @@ def test_a_damaged_latest_checkpoint_is_skipped_with_a_warning_naming_it(tmp_pat
     (tmp_path / "3" / DIGEST).unlink()
   else:
     biggest.unlink()
-  step, state, _ = Checkpoints(tmp_path).restore_latest({"w": jnp.zeros((64,))})
+  checkpoints = Checkpoints(tmp_path)
+  step, state, _ = checkpoints.restore_latest({"w": jnp.zeros((64,))})
   assert step == 2 and float(state["w"][0]) == 2.0
   assert any(str(tmp_path / "3") in r.getMessage() and "skipped" in r.getMessage() for r in caplog.records)
+  # The resumed run saves step 3 again, afresh (the damaged one is kept aside), and it is the one restored next.
+  checkpoints.save(3, {"w": jnp.full((64,), 30.0)}, {"step": 3})
+  checkpoints.close()
+  step, state, _ = Checkpoints(tmp_path).restore_latest({"w": jnp.zeros((64,))})
+  assert step == 3 and float(state["w"][0]) == 30.0
+  assert (tmp_path.with_name(tmp_path.name + ".skipped") / "3").is_dir()
 
 
 def test_with_no_sound_checkpoint_there_is_nothing_to_restore(tmp_path):
@@ -81,20 +88,23 @@ def _start(args: list[str], cwd: pathlib.Path) -> subprocess.Popen:
                           stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
-def _killed_then_resumed(args: list[str], workdir: pathlib.Path, kills: int, rng: random.Random) -> int:
-  """Runs `args` in `workdir`, SIGKILLs it at random moments up to `kills` times, lets it finish; returns the kills."""
-  done = 0
+def _killed_then_resumed(args: list[str], workdir: pathlib.Path, kills: int, rng: random.Random,
+                         window: tuple[float, float] = (4.0, 14.0)) -> tuple[int, int]:
+  """Runs `args` in `workdir`, SIGKILLs it up to `kills` times, each `window` seconds (uniform) after its start,
+  then lets it finish; returns (kills, kills that landed while a save was unfinished)."""
+  done = mid_save = 0
   while done < kills:
     process = _start([*args, f"--workdir={workdir}"], workdir.parent)
-    time.sleep(rng.uniform(4.0, 14.0))  # start-up takes ~4 s, the run ~12 s: some kills land mid-save
+    time.sleep(rng.uniform(*window))
     if process.poll() is not None:
       break  # it finished first
     process.send_signal(signal.SIGKILL)
     process.wait()
     done += 1
+    mid_save += any(not (p / DIGEST).exists() for p in workdir.glob("*/checkpoints/*") if p.is_dir())
   process = _start([*args, f"--workdir={workdir}"], workdir.parent)
   assert process.wait(timeout=600) == 0
-  return done
+  return done, mid_save
 
 
 def _reference(args: list[str], tmp_path: pathlib.Path) -> list[dict]:
@@ -124,13 +134,13 @@ def test_a_killed_data_parallel_run_resumes_and_ends_bit_identical_to_an_unkille
 
 @pytest.mark.slow
 def test_twenty_random_kills_across_seeds_never_lose_or_repeat_a_step(tmp_path):
-  rng, kills = random.Random(0), 0
+  rng, kills, runs = random.Random(0), 0, 0
   for seed in (0, 1):
     args = [*DP, f"--config.seed={seed}"]
     reference = _reference(args, tmp_path / f"seed{seed}")
     while kills < 10 * (seed + 1):
-      workdir = tmp_path / f"seed{seed}" / f"killed{kills}"
-      kills += _killed_then_resumed(args, workdir, 10 * (seed + 1) - kills, rng)
+      workdir, runs = tmp_path / f"seed{seed}" / f"killed{runs}", runs + 1  # a finished run cannot be killed again
+      kills += _killed_then_resumed(args, workdir, 10 * (seed + 1) - kills, rng)[0]
       assert _records(workdir) == reference
   assert kills >= 20
 
@@ -159,7 +169,7 @@ def test_a_mode_that_cannot_resume_yet_starts_afresh_beside_the_earlier_run_and_
   assert (tmp_path / f"{run_dir.name}.2" / "metrics.jsonl").exists()
 
 
-def test_checkpoints_are_refused_where_they_are_not_implemented_yet(tmp_path):
-  out = launch("train", "--config=smoke", "--config.checkpoint_every=2", f"--workdir={tmp_path}", cwd=tmp_path)
-  assert out.returncode == 2 and "checkpoint_every" in out.stderr and "'dp'" in out.stderr
-
+def test_checkpoints_are_refused_in_modes_that_cannot_resume(tmp_path):
+  out = launch("train", "--config=smoke", "--config.mode=dp_elastic", "--config.checkpoint_every=2",
+               f"--workdir={tmp_path}", cwd=tmp_path)
+  assert out.returncode == 2 and "checkpoint_every" in out.stderr and "'decoupled'" in out.stderr

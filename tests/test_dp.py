@@ -73,3 +73,17 @@ def test_dp_without_elasticity_restarts_from_its_checkpoint(one_crash):
   assert result.virtual_seconds == pytest.approx(59.5)
   assert result.extras["goodput"] == pytest.approx((29 - 5) * 4 / (4 * 59.5))
   assert result.extras["uptime"] == pytest.approx(24 / 59.5)
+
+
+def test_dp_restart_restores_its_checkpoint_from_disk_and_ends_as_if_never_crashed(one_crash, tmp_path, monkeypatch):
+  # Slice 1 fails at 12.5 (during step 13): the job restarts from the step-10 checkpoint, written by orbax.
+  monkeypatch.setattr(plan, "crash_times", lambda cfg, s, seed: iter([12.5] if s == 1 else []))
+  one_crash.mode = "dp_restart"
+  crashed = _run(one_crash, tmp_path)
+  assert crashed.extras["restores"] == 1 and crashed.extras["checkpoint_saves"] == 3  # steps 0, 10, 20
+  assert crashed.virtual_seconds == pytest.approx(12.5 + 30 + 14)
+  assert not list((tmp_path / "dp").glob("restart-checkpoints-*"))  # removed with the run's end
+  monkeypatch.setattr(plan, "crash_times", lambda cfg, s, seed: iter([]))
+  calm = _run(one_crash)
+  assert calm.extras["restores"] == 0
+  jax.tree.map(np.testing.assert_array_equal, crashed.params, calm.params)

@@ -65,11 +65,11 @@ def _spy_on_round_starts(controller, monkeypatch):
     real_commit(syncer, result, *args)
     thetas[syncer.version] = jax.device_get(syncer.params)
 
-  def dispatch(learner, kind, *args):
+  def dispatch(learner, kind, *args, **kwargs):
     if kind == "main" and learner.steps == 0:  # the first inner step since it adopted Θ
       starts.append((learner.index, controller.clock.now(), learner.base_version, controller.syncer.version,
                      jax.device_get(learner.state.params)))
-    return real_dispatch(learner, kind, *args)
+    return real_dispatch(learner, kind, *args, **kwargs)
 
   monkeypatch.setattr(Syncer, "commit", commit)
   monkeypatch.setattr(Learner, "dispatch", dispatch)
@@ -226,11 +226,11 @@ def test_a_learner_whose_overlap_part_fails_at_dispatch_stays_down_until_it_rejo
   four_learners.faults.repair_seconds = 5.0
   real_dispatch, failed = Learner.dispatch, []
 
-  def dispatch(learner, kind, *args):
+  def dispatch(learner, kind, *args, **kwargs):
     if learner.index == 1 and kind == "overlap" and not failed:
       failed.append(learner.status)
       raise RuntimeError("device lost while enqueuing")
-    return real_dispatch(learner, kind, *args)
+    return real_dispatch(learner, kind, *args, **kwargs)
 
   monkeypatch.setattr(Learner, "dispatch", dispatch)
   controller = _controller(four_learners)

@@ -2,12 +2,18 @@
 
 Both run synchronous steps over every healthy slice. Without elasticity, any failure stops the
 whole job: it pays a restart, loses the steps since its last checkpoint, and waits for the slice
-to be repaired (or a hot spare). Elastic DP pays a short reconfiguration, continues on the
+to be repaired (or a hot spare). Its checkpoints are real: saved with `Checkpoints` (orbax, asynchronous) every
+`faults.checkpoint_every` steps and restored from disk at each restart, whose wall time is reported beside the
+modeled `faults.restart_seconds`. Elastic DP pays a short reconfiguration, continues on the
 surviving slices with a smaller global batch, and pays it again when the slice returns.
 Their records' `time` is modeled under either clock.
 """
 
+import contextlib
 import os
+import pathlib
+import tempfile
+import time
 
 import jax
 import numpy as np
@@ -15,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
 from runtime import devices as devices_lib
+from runtime.checkpoint import Checkpoints
 from runtime.config import RunConfig
 from runtime.experiment import Experiment, RunResult, Stopwatch, make_logger
 from runtime.faults import plan
@@ -67,14 +74,19 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
   useful = lost = 0.0  # slice-seconds of steps taken / of steps rolled back
   advanced = 0.0  # seconds of steps that stand
   since_ckpt: list[tuple[float, float]] = []  # (slice-seconds, seconds) of steps a restart would roll back
-  checkpoint = (jax.device_get(state), [s.state() for s in streams], tokens, steps)
-  clock, failures = Stopwatch(), 0
+  clock, failures, restores = Stopwatch(), 0, []
+
   next_eval = run.eval_every * run.tokens_per_step
   eval_loss = float("nan")
   # A job that fails faster than it checkpoints never finishes; give up after this much modeled time.
   give_up_at = 50 * run.total_steps * step_s
   lr = inner_lr(run.inner, run.total_steps)
-  with make_logger(run, workdir, name, time_kind="modeled") as logger:
+  with (make_logger(run, workdir, name, time_kind="modeled") as logger,
+        _restart_checkpoints(workdir, name) if not elastic else contextlib.nullcontext() as ckpts):
+    def save():
+      ckpts.save(steps, state, dict(data=[s.state() for s in streams], tokens=tokens))
+    if not elastic:
+      save()
     while tokens < run.token_budget and t < give_up_at:
       healthy = tuple(s for s in range(active) if down_until[s] <= t)
       if not elastic and len(healthy) < active:
@@ -105,9 +117,15 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
         lost += sum(x for x, _ in since_ckpt)
         advanced -= sum(y for _, y in since_ckpt)
         since_ckpt = []
-        host_state, positions, tokens, steps = checkpoint
-        state = jax.device_put(host_state, state_sh)
-        for stream, pos in zip(streams, positions):
+        ckpts.flush()  # the job restarts from its newest written checkpoint
+        start = time.perf_counter()
+        restored = ckpts.restore_latest(state)
+        if restored is None:
+          raise RuntimeError(f"{name}: no restart checkpoint under {ckpts.directory} could be restored (see warnings)")
+        steps, state, meta = restored
+        restores.append(time.perf_counter() - start)
+        tokens = meta["tokens"]
+        for stream, pos in zip(streams, meta["data"]):
           stream.restore(pos)
         continue
       batch = np.concatenate([next(streams[s]) for s in (alive if elastic else full)])
@@ -120,7 +138,7 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
       advanced += step_s
       since_ckpt.append((n * step_s, step_s))
       if not elastic and steps % f.checkpoint_every == 0:
-        checkpoint = (jax.device_get(state), [s.state() for s in streams], tokens, steps)
+        save()
         since_ckpt = []
       if steps % run.log_every == 0:
         logger.log("train", dict(step=steps, tokens=tokens, time=t, loss=float(metrics["loss"]), slices=n,
@@ -133,9 +151,30 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
       eval_loss = exp.evaluate(state.params, mesh)
       logger.log("eval", dict(step=steps, tokens=tokens, time=t, eval_loss=eval_loss))
     records = logger.records
+    saves = ckpts.blocking_seconds if ckpts else []
   allocated = len(slices) * t
   return RunResult(
       run=name, mode=run.mode, tokens=tokens, final_eval_loss=eval_loss, wall_seconds=clock(), virtual_seconds=t,
       tokens_per_second=tokens / clock(), records=records, params=jax.device_get(state.params), time_kind="modeled",
       extras=dict(goodput=(useful - lost) / allocated if allocated else 0.0,
-                  uptime=advanced / t if t else 0.0, faults=failures))
+                  uptime=advanced / t if t else 0.0, faults=failures,
+                  **(dict(checkpoint_saves=len(saves), save_block_ms=1e3 * float(np.mean(saves)),
+                          restores=len(restores), restore_wall_s=float(np.mean(restores)) if restores else 0.0)
+                     if saves else {})))
+
+
+@contextlib.contextmanager
+def _restart_checkpoints(workdir: str | os.PathLike | None, name: str):
+  """`Checkpoints` in a directory of their own (inside the run's directory when it has one), removed at the end.
+
+  They exist for the job's restarts within this run; the run itself is not resumable from them.
+  """
+  parent = pathlib.Path(workdir) / name if workdir is not None else None
+  with tempfile.TemporaryDirectory(prefix="restart-checkpoints-", dir=parent) as directory:
+    checkpoints = Checkpoints(directory, keep=2)
+    try:
+      yield checkpoints
+    except BaseException:
+      checkpoints.close(quiet=True)  # its errors never hide the run's
+      raise
+    checkpoints.close()

@@ -48,6 +48,15 @@ class _Timeline:
   def __len__(self) -> int:
     return len(self._heap)
 
+  def snapshot(self, encode: Callable[[Event], Any]) -> dict:
+    return dict(entries=[[at, seq, encode(event)] for at, seq, event in sorted(self._heap)], seq=self._seq)
+
+  def restore(self, saved: dict, decode: Callable[[Any], Event]) -> None:
+    """The saved events; ties keep their order."""
+    self._heap = [(at, seq, decode(event)) for at, seq, event in saved["entries"]]
+    heapq.heapify(self._heap)
+    self._seq = saved["seq"]
+
   def without(self, predicate: Callable[[Event], bool]) -> "_Timeline":
     """A timeline of the events that `predicate` rejects, in the same order."""
     kept = _Timeline()
@@ -115,6 +124,17 @@ class VirtualClock:
   def close(self) -> None:
     pass
 
+  def snapshot(self, encode: Callable[[Event], Any]) -> dict:
+    """The time, the jitter's random state, the slowdowns and every scheduled event."""
+    return dict(now=self._now, rng=self._rng.bit_generator.state, slowdown=sorted(self._slowdown.items()),
+                timeline=self._timeline.snapshot(encode))
+
+  def restore(self, saved: dict, decode: Callable[[Any], Event]) -> None:
+    self._now = saved["now"]
+    self._rng.bit_generator.state = saved["rng"]
+    self._slowdown = {learner: factor for learner, factor in saved["slowdown"]}
+    self._timeline.restore(saved["timeline"], decode)
+
 
 class RealClock:
   """Wall time: device programs and merges fire when they really finish."""
@@ -142,6 +162,18 @@ class RealClock:
 
   def close(self) -> None:
     self._waiters.shutdown(wait=False, cancel_futures=True)
+
+  def snapshot(self, encode: Callable[[Event], Any]) -> dict:
+    """The time, the timers, and the events of work in progress (saved finished: the snapshot awaits it)."""
+    return dict(now=self.now(), timeline=self._timeline.snapshot(encode),
+                watching=[encode(event) for _, event in self._watching])
+
+  def restore(self, saved: dict, decode: Callable[[Any], Event]) -> None:
+    """Time goes on from the snapshot's (the time the run was down is not counted); saved work is done now."""
+    self._start = time.perf_counter() - saved["now"]
+    self._timeline.restore(saved["timeline"], decode)
+    for event in saved["watching"]:
+      self._timeline.push(saved["now"], decode(event))
 
   def set_slowdown(self, learner: int, factor: float) -> None:
     del learner, factor  # real hardware is as slow as it is

@@ -8,22 +8,26 @@ unmerged work is written off, and everyone else carries on; it rejoins from the 
 
 The controller is the event loop and nothing else: learners keep their own bookkeeping, the syncer its
 quorum and grace window, the slice pool its spares and repairs, the links their faults, the run log its records.
+Checkpoints (saving and restoring every part's state) are the `Durability` mixin's.
 """
 
 import concurrent.futures
 import os
+import pathlib
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
 from runtime import devices as devices_lib
+from runtime.checkpoint import Checkpoints
 from runtime.config import RunConfig
 from runtime.errors import TrainingDiverged
 from runtime.diloco.clock import Event, make_clock
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.learner import DONE, DOWN, TRAINING, WAITING, Learner
 from runtime.diloco.links import Links
+from runtime.diloco.durability import Durability
 from runtime.diloco.recovery import Recovery
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.syncer import MergeResult, Syncer
@@ -31,10 +35,11 @@ from runtime.experiment import Experiment, RunResult, make_logger
 from runtime.faults import injection
 from runtime.faults.plan import CrashPlan, crash_times, timed_events
 from runtime.optim import inner_optimizer
+from runtime.programs import init_state
 from runtime.slice_pool import SlicePool
 
 
-class Controller(Recovery):
+class Controller(Recovery, Durability):
   """Runs Decoupled DiLoCo (or synchronous DiLoCo with quorum = M) to the token budget."""
 
   def __init__(self, run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str):
@@ -62,20 +67,46 @@ class Controller(Recovery):
     self.event_time = 0.0  # when the event being handled happened
     self.tokens_dispatched = 0
     self.reports_in_transit = 0
+    self.merges_done = 0  # merges handled (committed or not): checkpoints are numbered by them
+    self.treedefs = dict(params=jax.tree.structure(theta), outer=jax.tree.structure(self.syncer.opt_state),
+                         train=jax.tree.structure(jax.eval_shape(lambda p: init_state(p, tx), theta)))
+    self.checkpoints = None
+    if workdir is not None and (run.checkpoint_every or run.checkpoint_seconds):
+      self.checkpoints = Checkpoints(pathlib.Path(workdir) / name / "checkpoints", run.checkpoint_keep)
+    self._saved = (0, 0.0)  # merges_done and clock time at the last checkpoint
+    self._finished = False  # restored from the checkpoint a finished run saved last
+    self.saves: list[tuple[float, float, bool]] = []  # per checkpoint: (clock time, seconds held up, final)
 
   # The event loop ----------------------------------------------------------------------------------
 
   def train(self) -> RunResult:
-    """Runs to the token budget and a final merge; returns the summary."""
-    with make_logger(self.run, self.workdir, self.name) as logger:
+    """Runs to the token budget and a final merge (resuming from the newest checkpoint); returns the summary."""
+    try:
+      return self._train()
+    except BaseException:
+      for learner in self.learners:
+        learner.close()
+      self.worker.shutdown()
+      self.clock.close()
+      if self.checkpoints is not None:
+        self.checkpoints.close(quiet=True)  # the saves begun are finished; their errors never hide this one
+      raise
+
+  def _train(self) -> RunResult:
+    saved_log = self._restore() if self.checkpoints is not None and self.run.resume else None
+    resume = dict(resume_after=saved_log["tokens_merged"], keep_records=saved_log["records"]) if saved_log else {}
+    with make_logger(self.run, self.workdir, self.name, **resume) as logger:
       self.log = RunLog(self.run, self.exp, logger, self.name, self.host_mesh, self.links,
                         background_evals=self.run.clock.kind == "real")
-      for s in range(len(self.slices)):
-        self._schedule_slice_crash(s)
-      for at, kind, m, payload in timed_events(self.run.faults.schedule):
-        self.clock.after(at, Event(kind, m, payload))
+      if saved_log is not None:
+        self.log.restore(saved_log)
+      else:
+        for s in range(len(self.slices)):
+          self._schedule_slice_crash(s)
+        for at, kind, m, payload in timed_events(self.run.faults.schedule):
+          self.clock.after(at, Event(kind, m, payload))
       try:
-        self._loop()
+        self._loop(start=saved_log is None)
       finally:
         for learner in self.learners:
           learner.close()
@@ -88,12 +119,20 @@ class Controller(Recovery):
       if self.injector is not None:
         injection.settle(self.injector, [self.slices[s] for s in self.pool.take_crashed()])
       self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp(), force=True)
-      return self.log.result(self.learners, self.ledger, now, self.clock.virtual_seconds(), self.syncer.params)
+      if self.checkpoints is not None:
+        if not self._finished:  # a rerun of the finished run resumes from here, and only reports
+          self._finished = True
+          self._save_checkpoint(self.merges_done + 1)
+        self.checkpoints.close()
+      result = self.log.result(self.learners, self.ledger, now, self.clock.virtual_seconds(), self.syncer.params)
+      result.extras.update(self._save_figures())
+      return result
 
-  def _loop(self) -> None:
-    for learner in self.learners:
-      learner.reset(self.syncer.params, 0, 0.0)
-      self._start_round(learner)
+  def _loop(self, start: bool) -> None:
+    if start:
+      for learner in self.learners:
+        learner.reset(self.syncer.params, 0, 0.0)
+        self._start_round(learner)
     while self._work_scheduled() or self.syncer.pending:
       if not self._work_scheduled():
         self._schedule_merge(0.0)  # the budget is spent: merge what is left, quorum or not
@@ -134,14 +173,10 @@ class Controller(Recovery):
     modeled = sum(self.clock.step_seconds(learner.index) for _ in range(steps))
     crash_at = self._arm_crash(learner, steps, modeled)
     try:
-      part = learner.dispatch(kind, steps, now, modeled)
+      part = learner.dispatch(kind, steps, now, modeled, armed=crash_at is not None)
     except Exception as error:  # pylint: disable=broad-except
-      if crash_at is None:
-        self._crash(learner, f"at dispatch: {injection.describe(error)}")
-        return False
-      # The armed program failed as it was enqueued; in modeled time the slice dies at crash_at.
-      learner.defer_failure(f"at dispatch: {injection.describe(error)}")
-      return True
+      self._crash(learner, f"at dispatch: {injection.describe(error)}")
+      return False
     self.tokens_dispatched += tokens
     self.clock.on_done((part.state, part.metrics), modeled, Event("part_done", learner.index))
     return True
@@ -280,6 +315,9 @@ class Controller(Recovery):
                    self.syncer.quorum(self._able()), self.ledger.goodput(now))
     self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp())
     self._maybe_merge()
+    self.merges_done += 1
+    if self._checkpoint_due():
+      self._save_checkpoint(self.merges_done)
 
 
 def train_diloco(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str) -> RunResult:

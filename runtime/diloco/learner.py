@@ -19,6 +19,7 @@ from models import lm
 from runtime import data as data_lib
 from runtime import devices as devices_lib
 from runtime.config import RunConfig
+from runtime.diloco import snapshot as snapshot_lib
 from runtime.diloco.messages import Delivery, Report
 from runtime.faults import injection
 from runtime.programs import TrainState, init_state, make_round
@@ -40,6 +41,7 @@ class RoundPart:
   modeled_seconds: float  # 0 when time is not modeled (real clock)
   state: TrainState
   metrics: dict
+  failure: str = ""  # the device error of a program that failed before it was awaited, raised when it is
 
   def ends_at(self, seconds_per_step: float) -> float:
     """When the part finishes: modeled, or estimated from a typical step time."""
@@ -88,7 +90,6 @@ class Learner:
     self._at_report: Any = None  # θ on the slice when the last report was taken (receive == "carry")
     self._round_start: dict = self._data.position  # data position when Θ was last received
     self._reported_position: dict = self._round_start  # data position at the end of the last report
-    self._deferred_failure = ""  # the device error of a program that failed at dispatch, until its crash
     self._corrupt_next = ""  # fault injection: corrupt the next report ("nan", "inf", "huge")
     self._finished_at = float("nan")
     self._state_since = 0.0
@@ -113,24 +114,32 @@ class Learner:
 
   # Rounds -----------------------------------------------------------------------------------------
 
-  def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float) -> RoundPart:
-    """Enqueues `steps` inner steps as one device program and returns at once (may raise)."""
+  def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False) -> RoundPart:
+    """Enqueues `steps` inner steps as one device program and returns at once (may raise, unless `armed`).
+
+    A program `armed` to crash may fail as it is enqueued (XLA:CPU runs small programs inline when their inputs
+    are ready) or later; either way its error is raised where it is awaited, so the run never depends on which.
+    """
     staged = self._data.take(steps, self.batch_sharding)
     self.set_status(TRAINING, now)
-    state, metrics = self._round_program(self.state, staged.batches_HxBxT)
-    self.inflight = RoundPart(kind, steps, staged.tokens, now, modeled_seconds, state, metrics)
+    failure = ""
+    try:
+      state, metrics = self._round_program(self.state, staged.batches_HxBxT)
+    except Exception as error:  # pylint: disable=broad-except
+      if not armed:
+        raise
+      state, metrics, failure = None, None, injection.describe(error)
+    self.inflight = RoundPart(kind, steps, staged.tokens, now, modeled_seconds, state, metrics, failure)
     self.state = state
     main, overlap = self.run.inner_steps - self.run.overlap_steps, self.run.overlap_steps
     self._data.stage_ahead(overlap if kind == "main" and overlap else main, self.batch_sharding)
     return self.inflight
 
-  def defer_failure(self, detail: str) -> None:
-    """The armed program failed as it was enqueued; the failure takes effect at its modeled crash."""
-    self._deferred_failure = detail
-
   def collect(self, now: float) -> RoundPart:
     """Awaits the in-flight part (raising the device error if it failed) and books its work."""
     part = self.inflight
+    if part.failure:
+      raise injection.RecordedFailure(part.failure)
     loss_H = np.asarray(jax.device_get(part.metrics["loss"]))
     self.inflight = None
     busy = part.modeled_seconds if part.modeled_seconds else now - part.started_at
@@ -241,9 +250,6 @@ class Learner:
         detail = " (its round had completed)"
       except Exception as error:  # pylint: disable=broad-except
         detail = f", awaiting its round: {injection.describe(error)}"
-    elif self._deferred_failure:
-      detail = f", {self._deferred_failure}"
-    self._deferred_failure = ""
     part, self.inflight = self.inflight, None
     lost = part.tokens if part else 0
     failure = Failure(self.slice_index, detail, lost + self.tokens - self._reported_tokens, self._unreported_busy)
@@ -280,6 +286,55 @@ class Learner:
 
   def close(self) -> None:
     self._data.close()
+
+  # Checkpoints ------------------------------------------------------------------------------------
+
+  _SAVED = ("status", "tokens", "steps", "round", "base_version", "total_steps", "busy_seconds", "last_loss",
+            "reports_out", "_unreported_busy", "_reported_tokens", "_reported_steps", "_round_start",
+            "_reported_position", "_corrupt_next", "_finished_at", "_state_since")
+
+  def snapshot(self, packer: snapshot_lib.Packer) -> dict:
+    """Everything that decides the learner's future; its device state is copied (the next round donates it)."""
+    group = f"learner{self.index}"
+    state = None
+    if self.status != DOWN and self.state is not None:
+      try:
+        state = _fresh_copy(self.state)
+      except jax.errors.JaxRuntimeError:
+        state = self.state  # its program failed: fetching it fails again, and the snapshot records that error
+    part = self.inflight
+    return dict(
+        {name: getattr(self, name) for name in self._SAVED}, slice_index=self.slice_index, data=self._data.position,
+        completions=self.completions, intervals=self.intervals, state=packer.tree(state, "train", group),
+        inbox=packer.value(self.inbox), at_report=packer.tree(self._at_report, "params", group),
+        inflight=None if part is None else dict(
+            kind=part.kind, steps=part.steps, tokens=part.tokens, started_at=part.started_at,
+            modeled_seconds=part.modeled_seconds, metrics=packer.tree(part.metrics, "dict", group),
+            failure=part.failure))
+
+  def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker, theta_host: PyTree) -> None:
+    """The learner as `snapshot` saw it (the controller has moved it to its slice first)."""
+    for name in self._SAVED:
+      setattr(self, name, saved[name])
+    self.slice_index = saved["slice_index"]
+    self._data.restore(saved["data"])
+    self.completions = [tuple(c) for c in saved["completions"]]
+    self.intervals = [tuple(i) for i in saved["intervals"]]
+    self.inbox = unpacker.value(saved["inbox"])
+    group = f"learner{self.index}"
+    failure = unpacker.failed.get(group, "")  # its program failed before the snapshot could copy its state
+    self.state = self._at_report = None
+    if saved["state"] is not None and not failure:
+      like = self._init(_copy_to(theta_host, self.param_sharding), 0)
+      self.state = unpacker.tree(saved["state"], snapshot_lib.like(like), where=group)
+      self._at_report = unpacker.tree(saved["at_report"], snapshot_lib.like(like.params), where=group)
+    part = saved["inflight"]
+    if part is not None:
+      replicated = NamedSharding(self.mesh, P())
+      failure = part["failure"] or failure
+      metrics = None if failure else unpacker.tree(part["metrics"], lambda x, _: jax.device_put(x, replicated), group)
+      self.inflight = RoundPart(part["kind"], part["steps"], part["tokens"], part["started_at"],
+                                part["modeled_seconds"], self.state, metrics, failure=failure)
 
 
 @jax.jit

@@ -17,6 +17,12 @@ class Ledger:
   def lost(self, slice_seconds: float) -> None:
     self.lost_seconds += slice_seconds
 
+  def snapshot(self) -> dict:
+    return dict(useful_seconds=self.useful_seconds, lost_seconds=self.lost_seconds)
+
+  def restore(self, saved: dict) -> None:
+    self.useful_seconds, self.lost_seconds = saved["useful_seconds"], saved["lost_seconds"]
+
   def goodput(self, elapsed: float) -> float:
     """Useful slice-time over allocated slice-time (every slice, spares included, for `elapsed`)."""
     return self.useful_seconds / (self.num_slices * elapsed) if elapsed > 0 else 0.0

@@ -34,3 +34,11 @@ class Links:
 
   def sent_down(self) -> None:
     self.bytes_down += self.param_bytes
+
+  def snapshot(self) -> dict:
+    return dict(bytes_up=self.bytes_up, bytes_down=self.bytes_down,
+                faults=[[m, until, mode] for m, (until, mode) in sorted(self._faults.items())])
+
+  def restore(self, saved: dict) -> None:
+    self.bytes_up, self.bytes_down = saved["bytes_up"], saved["bytes_down"]
+    self._faults = {m: (until, mode) for m, until, mode in saved["faults"]}

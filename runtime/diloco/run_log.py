@@ -95,6 +95,22 @@ class RunLog:
     if self._evaluator is not None:
       self._evaluator.shutdown()
 
+  def snapshot(self) -> dict:
+    """The tallies and how many records were written (background evaluations are recorded first)."""
+    self.record_evals(wait=True)
+    return dict(tokens_merged=self.tokens_merged, merged_ranges=self.merged_ranges, eval_loss=self.eval_loss,
+                evaluated_version=self._evaluated_version, next_eval=self._next_eval, wall=self.wall(),
+                records=len(self.logger.records))
+
+  def restore(self, saved: dict) -> None:
+    """The tallies as saved; the merge and fault records are the logger's kept ones."""
+    self.tokens_merged, self.eval_loss = saved["tokens_merged"], saved["eval_loss"]
+    self.merged_ranges = [tuple(r) for r in saved["merged_ranges"]]
+    self._evaluated_version, self._next_eval = saved["evaluated_version"], saved["next_eval"]
+    self.wall = Stopwatch(saved["wall"])
+    self.merges = [r for r in self.logger.records if r["kind"] == "merge"]
+    self.faults = [r for r in self.logger.records if r["kind"] == "fault"]
+
   def _record_eval(self, loss: float, record: dict) -> None:
     self.eval_loss = loss
     self.logger.log("eval", dict(record, eval_loss=loss))

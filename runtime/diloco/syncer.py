@@ -17,6 +17,7 @@ import optax
 
 from runtime.config import OuterConfig
 from runtime.diloco import merge as merge_lib
+from runtime.diloco import snapshot as snapshot_lib
 from runtime.diloco.messages import Delivery, Report
 
 PyTree = Any
@@ -51,6 +52,12 @@ class Ema:
     self.value = x if not self._seen else self.decay * self.value + (1 - self.decay) * x
     self._seen = True
     return self.value
+
+  def snapshot(self) -> list:
+    return [self.value, self._seen]
+
+  def restore(self, saved: list) -> None:
+    self.value, self._seen = saved
 
 
 def outer_optimizer(cfg: OuterConfig) -> optax.GradientTransformation:
@@ -268,6 +275,25 @@ class Syncer:
   def latest(self, round_: int) -> Delivery:
     """The current Θ for a learner in `round_` that asks for it (a finished learner given budget again)."""
     return Delivery(self.version, self.params, round_)
+
+  def snapshot(self, packer: snapshot_lib.Packer) -> dict:
+    """Θ, its version and history, the outer optimizer, the waiting reports, the screens' and grace window's state."""
+    return dict(version=self.version, params=packer.tree(self.params, "params"),
+                opt_state=packer.tree(self.opt_state, "outer"),
+                history=[[v, packer.tree(p, "params")] for v, p in self._history.items()],
+                accepted_norm_ema=self._accepted_norm_ema, pending=[packer.value(r) for r in self._pending],
+                failed_merges=self._failed_merges, failed=list(self._failed),
+                emas=[e.snapshot() for e in (self.xi_step, self.xi_quorum, self.xi_sync)])
+
+  def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker) -> None:
+    self.version = saved["version"]
+    self.params, self.opt_state = unpacker.tree(saved["params"]), unpacker.tree(saved["opt_state"])
+    self._history = {v: unpacker.tree(p) for v, p in saved["history"]}
+    self._accepted_norm_ema = saved["accepted_norm_ema"]
+    self._pending = [unpacker.value(r) for r in saved["pending"]]
+    self._failed_merges, self._failed = saved["failed_merges"], list(saved["failed"])
+    for ema, state in zip((self.xi_step, self.xi_quorum, self.xi_sync), saved["emas"]):
+      ema.restore(state)
 
   def _screen(self, norm: float) -> str:
     """Why a delta of this norm must not be merged, or '' if it may."""

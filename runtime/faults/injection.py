@@ -40,6 +40,15 @@ class Injector:
       raise SliceCrash(f"injected crash of learner {learner}'s slice at inner step {int(step)}")
 
 
+class RecordedFailure(RuntimeError):
+  """A program's device error, recorded where it surfaced (at dispatch, or in a checkpoint), raised where the run
+  awaits the program; it describes itself as the original error."""
+
+  def __init__(self, description: str):
+    super().__init__(description)
+    self.description = description
+
+
 def corrupt(params: PyTree, how: str) -> PyTree:
   """A corrupted copy of a report's parameters: NaN, Inf, or an absurdly scaled update."""
   scale = {"nan": float("nan"), "inf": float("inf"), "huge": 1e9}[how]
@@ -73,5 +82,7 @@ def settle(injector: Injector, slices: Sequence[Sequence[jax.Device]]) -> None:
 
 def describe(error: Exception) -> str:
   """The error's type and the last line of its message (callback errors carry a whole traceback)."""
+  if isinstance(error, RecordedFailure):
+    return error.description
   lines = str(error).strip().splitlines() or [""]
   return f"{type(error).__name__}: {lines[-1]}"

@@ -148,6 +148,11 @@ def round_crash(now: float, modeled: float, first_step: int, steps: int, step_fa
   return min(candidates, key=lambda c: c.at, default=None)
 
 
+def fault_index(schedule: tuple[Fault, ...], fault: Fault) -> int:
+  """The fault's position in its schedule, by identity (two faults may be equal)."""
+  return next(i for i, f in enumerate(schedule) if f is fault)
+
+
 class CrashPlan:
   """A run's progress through its crash plan: each learner's and slice's next crash, and the
   step-scheduled crashes not yet fired (each fires once: a learner that rejoins and passes the same
@@ -155,6 +160,8 @@ class CrashPlan:
 
   def __init__(self, schedule: Sequence[Fault], traces: Sequence[Iterator[float]]):
     self._traces = list(traces)
+    self._drawn = [0] * len(self._traces)  # times drawn from each slice's trace
+    self._schedule = tuple(schedule)
     self._step_crashes = [f for f in schedule if f.kind == "crash" and f.step >= 0]
     self._armed: dict[int, Fault] = {}  # learner -> the step-scheduled crash its round is armed with
     self._next: dict[tuple[str, int], float] = {}  # ("slice" | "learner", index) -> time
@@ -165,6 +172,7 @@ class CrashPlan:
   def next_slice_crash(self, slice_index: int) -> float | None:
     """Draws the slice's next crash time from its trace (None when the trace is empty)."""
     at = next(self._traces[slice_index], None)
+    self._drawn[slice_index] += 1
     if at is not None:
       self._next[("slice", slice_index)] = at
     return at
@@ -182,6 +190,23 @@ class CrashPlan:
     if crash is not None and crash.fault is not None:
       self._armed[learner] = crash.fault
     return crash
+
+  def snapshot(self) -> dict:
+    """How far the plan has got (faults by their index in the schedule)."""
+    index = lambda fault: fault_index(self._schedule, fault)
+    return dict(drawn=list(self._drawn), step_crashes=[index(f) for f in self._step_crashes],
+                armed=[[m, index(f)] for m, f in sorted(self._armed.items())],
+                next=[[kind, i, at] for (kind, i), at in sorted(self._next.items())])
+
+  def restore(self, saved: dict) -> None:
+    """Back where `snapshot` was; the traces (fresh, as the plan was built) are drawn again as far."""
+    for trace, drawn in zip(self._traces, saved["drawn"]):
+      for _ in range(drawn):
+        next(trace, None)
+    self._drawn = list(saved["drawn"])
+    self._step_crashes = [self._schedule[i] for i in saved["step_crashes"]]
+    self._armed = {m: self._schedule[i] for m, i in saved["armed"]}
+    self._next = {(kind, i): at for kind, i, at in saved["next"]}
 
   def fired(self, learner: int) -> None:
     """The learner crashed: the step-scheduled crash its round was armed with, if any, is spent."""
