@@ -107,6 +107,17 @@ def _killed_then_resumed(args: list[str], workdir: pathlib.Path, kills: int, rng
   return done, mid_save
 
 
+def _kill_after_first_checkpoint(args: list[str], workdir: pathlib.Path, cwd: pathlib.Path) -> None:
+  """Starts `args` in `workdir` and SIGKILLs it as soon as one of its checkpoints is verified."""
+  process = _start([*args, f"--workdir={workdir}"], cwd)
+  deadline = time.monotonic() + 300
+  while not list(workdir.glob("*/checkpoints/*/" + DIGEST)):
+    assert process.poll() is None and time.monotonic() < deadline, "no verified checkpoint appeared"
+    time.sleep(0.05)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+
+
 def _reference(args: list[str], tmp_path: pathlib.Path) -> list[dict]:
   tmp_path.mkdir(parents=True, exist_ok=True)
   out = launch("train", *args, f"--workdir={tmp_path / 'reference'}", cwd=tmp_path)
@@ -118,13 +129,7 @@ def test_a_killed_data_parallel_run_resumes_and_ends_bit_identical_to_an_unkille
   args = [*DP, "--config.total_steps=120", "--config.eval_every=20"]  # long enough to be killed mid-run
   reference = _reference(args, tmp_path)
   workdir = tmp_path / "killed"
-  process = _start([*args, f"--workdir={workdir}"], tmp_path)
-  deadline = time.monotonic() + 300
-  while not list(workdir.glob("*/checkpoints/*/" + DIGEST)):  # killed once a checkpoint is verified
-    assert process.poll() is None and time.monotonic() < deadline, "no verified checkpoint appeared"
-    time.sleep(0.05)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
+  _kill_after_first_checkpoint(args, workdir, tmp_path)
   partial = len(_records(workdir))
   out = launch("train", *args, f"--workdir={workdir}", cwd=tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]

@@ -3,7 +3,6 @@
 import json
 import pathlib
 import random
-import signal
 import time
 
 import jax
@@ -16,7 +15,7 @@ from runtime import modes
 from runtime.checkpoint import DIGEST, Checkpoints
 from runtime.diloco import controller as controller_lib
 from runtime.metrics import without_wall_time
-from test_checkpoint import _killed_then_resumed, _start
+from test_checkpoint import _kill_after_first_checkpoint, _killed_then_resumed
 
 # A crash inside a round (its program fails on the device), a straggler, a corrupt (quarantined) report, a link
 # that drops a report; K=2 of 3 learners with overlap: reports in transit, Θ on its way and programs in flight.
@@ -145,13 +144,7 @@ def test_a_sigkilled_decoupled_run_resumes_and_ends_bit_identical(tmp_path):
   reference = launch("train", *DECOUPLED, f"--workdir={tmp_path / 'reference'}", cwd=tmp_path)
   assert reference.returncode == 0, reference.stderr[-3000:]
   workdir = tmp_path / "killed"
-  process = _start([*DECOUPLED, f"--workdir={workdir}"], tmp_path)
-  deadline = time.monotonic() + 300
-  while not list(workdir.glob("*/checkpoints/*/" + DIGEST)):  # killed once a checkpoint is verified
-    assert process.poll() is None and time.monotonic() < deadline, "no verified checkpoint appeared"
-    time.sleep(0.05)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
+  _kill_after_first_checkpoint(DECOUPLED, workdir, tmp_path)
   assert len(_metrics(workdir).splitlines()) < len(_metrics(tmp_path / "reference").splitlines())  # killed mid-run
   out = launch("train", *DECOUPLED, f"--workdir={workdir}", cwd=tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]
