@@ -88,6 +88,10 @@ def get_config() -> ml_collections.ConfigDict:
   # How the stream is cut into one shard per learner: "strided" (each shard samples the whole
   # corpus) or "contiguous" (each shard is a span of whole files: non-IID learners).
   config.data.shard_layout = "strided"
+  # How learners get their data: "shards" (learner m trains on shard m of M, cut as above) or "service"
+  # (the controller leases windows of one global stream on demand, independent of M: learners may join and
+  # leave without skipping or repeating a window; needed by capacity.schedule).
+  config.data.assignment = "shards"
   # Per-learner batch sizes (empty = batch_size / learners each), e.g. smaller on a slower hardware class;
   # they must sum to batch_size. Token weighting gives larger batches more weight in merges.
   config.data.learner_batches = ()
@@ -108,6 +112,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.inner.b2 = 0.95
   # Clip each inner step's gradient to this global norm.
   config.inner.grad_clip = 1.0
+  # Where a DiLoCo learner's warmup and decay stand: "learner" (its own inner steps) or "run" (the run's
+  # progress in global batches of tokens, set at each dispatch: learners that join late, or more learners than
+  # the base, follow the run's schedule rather than each their own).
+  config.inner.schedule_progress = "learner"
 
   config.outer = ml_collections.ConfigDict()
   # Outer SGD learning rate on the merged outer gradient.
@@ -189,4 +197,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.faults.checkpoint_every = 10
   # Elastic data-parallel (dp_elastic): modeled seconds to reconfigure around a lost slice.
   config.faults.reconfig_seconds = 8.0
+
+  config.capacity = ml_collections.ConfigDict()
+  # Slices lent for a while (scavenging), ';'-separated, virtual seconds: "lend:slices=4,time=100,duration=300"
+  # lends 4 slices at t=100 for 300 s; "random:slices=4,gap=200,duration=300" is a seeded availability trace
+  # (absent for an exponential gap of mean 200 s, then lent for an exponential duration of mean 300 s, again and
+  # again). Each lent slice runs one more learner (current Θ, fresh inner state) until it is reclaimed; the
+  # devices are shared among learners + lent slices (num_devices must divide). Needs data.assignment='service'.
+  config.capacity.schedule = ""
   return config

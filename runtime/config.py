@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import ml_collections
 
 from models.config import ModelConfig
+from runtime import capacity as capacity_lib
 from runtime.data import SHARD_LAYOUTS
 from runtime.errors import ConfigError, check
 from runtime.faults.plan import FaultConfig, parse_schedule
@@ -16,6 +17,7 @@ from runtime.faults.plan import FaultConfig, parse_schedule
 MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
 CHECKPOINT_MODES = ("dp", "decoupled", "diloco_sync")  # modes a killed run resumes from its checkpoints in
 CLOCKS = ("virtual", "real")
+ASSIGNMENTS = ("shards", "service")  # how learners get their data
 GRACE_KINDS = ("none", "adaptive", "fixed")
 MERGE_METHODS = ("rda", "mean")  # per tensor: radial-directional averaging, or the weighted mean
 RECEIVE_MODES = ("carry", "overwrite", "mix")  # what happens to overlap steps when Θ arrives
@@ -37,6 +39,9 @@ class DataConfig:
   prefetch: int = 2
   learner_batches: tuple[int, ...] = ()  # per-learner batch sizes summing to batch_size; empty = equal shares
   shard_layout: str = "strided"  # "strided" (each shard spans the corpus) or "contiguous" (a span of files)
+  # "shards": learner m trains on shard m of M (layout above); "service": the controller leases windows of one
+  # global stream on demand, independent of M (learners may join and leave: needed by capacity.schedule).
+  assignment: str = "shards"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +55,10 @@ class InnerOptConfig:
   b1: float = 0.9
   b2: float = 0.95
   grad_clip: float = 1.0
+  # Where a DiLoCo learner's schedule stands: "learner" (its own inner steps) or "run" (the run's progress: global
+  # batches' worth of tokens dispatched by all learners, set at each dispatch; learners that join later or a
+  # membership that grows keep to the run's schedule).
+  schedule_progress: str = "learner"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +110,7 @@ class RunConfig:
   outer: OuterConfig = dataclasses.field(default_factory=OuterConfig)
   clock: ClockConfig = dataclasses.field(default_factory=ClockConfig)
   faults: FaultConfig = dataclasses.field(default_factory=FaultConfig)
+  capacity: capacity_lib.CapacityConfig = dataclasses.field(default_factory=capacity_lib.CapacityConfig)
   mode: str = "decoupled"
   seed: int = 0
   num_devices: int = 8  # simulated CPU devices (ignored on real accelerators)
@@ -137,7 +147,13 @@ class RunConfig:
 
   @property
   def num_slices(self) -> int:
+    """The slices the run owns (learners' and spares); lent slices come on top."""
     return self.slices or (1 if self.mode == "dp" else self.learners)
+
+  @property
+  def lent_slices(self) -> int:
+    """The most slices the capacity schedule lends at once (each runs one more learner)."""
+    return capacity_lib.most_lent(self.capacity.schedule)
 
 
 def with_fields(run: RunConfig, fields: dict[str, Any]) -> RunConfig:
@@ -150,7 +166,8 @@ def with_fields(run: RunConfig, fields: dict[str, Any]) -> RunConfig:
     owner = getattr(run, section) if section else run
     if not dataclasses.is_dataclass(owner) or name not in {f.name for f in dataclasses.fields(owner)}:
       raise ConfigError(path, value, f"a field of {type(owner).__name__}")
-    target[name] = value
+    parse = {"faults.schedule": parse_schedule, "capacity.schedule": capacity_lib.parse}.get(path)
+    target[name] = parse(value) if parse and isinstance(value, str) else value
   nested = {s: dataclasses.replace(getattr(run, s), **v) for s, v in sections.items()}
   run = dataclasses.replace(run, **top, **nested)
   validate(run)
@@ -196,10 +213,12 @@ def _build(cls: type, cfg: ml_collections.ConfigDict | None, prefix: str) -> Any
       raise ConfigError(f"{prefix}{key}", value, f"only under its new name '{moved}'" if moved else
                         (f"(unknown field; did you mean '{prefix}{close[0]}'?) " if close else "") +
                         f"one of the fields {sorted(fields)}")
-    is_tuple = typing.get_origin(fields[key].type) is tuple and not (cls is FaultConfig and key == "schedule")
+    is_tuple = typing.get_origin(fields[key].type) is tuple and key != "schedule"
     values[key] = _tuple(fields[key], f"{prefix}{key}", value) if is_tuple else value
   if cls is FaultConfig and isinstance(values.get("schedule"), str):
     values["schedule"] = parse_schedule(values["schedule"])
+  if cls is capacity_lib.CapacityConfig and isinstance(values.get("schedule"), str):
+    values["schedule"] = capacity_lib.parse(values["schedule"])
   return cls(**values)
 
 
@@ -221,7 +240,7 @@ def _build_model(cfg: ml_collections.ConfigDict | None) -> ModelConfig:
 
 
 SECTIONS = dict(model=ModelConfig, data=DataConfig, inner=InnerOptConfig, outer=OuterConfig, clock=ClockConfig,
-                faults=FaultConfig)
+                faults=FaultConfig, capacity=capacity_lib.CapacityConfig)
 
 
 def from_config_dict(cfg: ml_collections.ConfigDict) -> RunConfig:
@@ -301,16 +320,20 @@ def validate(run: RunConfig) -> None:
   check(d.max_bytes is None or d.max_bytes > 0, "data.max_bytes", d.max_bytes, "None or a positive integer")
   check(d.prefetch >= 1, "data.prefetch", d.prefetch, "an integer >= 1")
   check(d.shard_layout in SHARD_LAYOUTS, "data.shard_layout", d.shard_layout, f"one of {SHARD_LAYOUTS}")
+  check(d.assignment in ASSIGNMENTS, "data.assignment", d.assignment, f"one of {ASSIGNMENTS}")
+  check(d.assignment == "shards" or run.mode in ("decoupled", "diloco_sync"), "data.assignment", d.assignment,
+        f"'shards' in mode '{run.mode}' (the data service feeds DiLoCo learners: modes decoupled, diloco_sync)")
+  capacity_lib.validate(run)
   groups = run.learners if run.mode in ("decoupled", "diloco_sync", "dp_elastic", "dp_restart") else 1
-  per_slice = run.num_devices // max(run.num_slices, 1)
+  per_slice = run.num_devices // max(run.num_slices + run.lent_slices, 1)
   check(d.batch_size >= 1 and (bool(d.learner_batches) or d.batch_size % groups == 0), "data.batch_size",
         d.batch_size, f"a positive multiple of learners ({groups}), or data.learner_batches summing to it")
   if run.mode == "dp":  # one mesh over every device
     check(d.batch_size % run.num_devices == 0, "data.batch_size", d.batch_size,
            f"a multiple of num_devices ({run.num_devices})")
   else:
-    check(run.num_devices % run.num_slices == 0, "num_devices", run.num_devices,
-           f"a multiple of the number of slices ({run.num_slices})")
+    check(run.num_devices % (run.num_slices + run.lent_slices) == 0, "num_devices", run.num_devices,
+           f"a multiple of the number of slices ({run.num_slices} owned + {run.lent_slices} lent at most)")
     if d.learner_batches:
       check(len(d.learner_batches) == run.learners and sum(d.learner_batches) == d.batch_size
             and all(b > 0 and b % per_slice == 0 for b in d.learner_batches), "data.learner_batches",
@@ -325,6 +348,8 @@ def validate(run: RunConfig) -> None:
   check(i.weight_decay >= 0, "inner.weight_decay", i.weight_decay, "a float >= 0")
   check(0 <= i.b1 < 1 and 0 <= i.b2 < 1, "inner.b1/inner.b2", (i.b1, i.b2), "floats in [0, 1)")
   check(i.grad_clip > 0, "inner.grad_clip", i.grad_clip, "a float > 0")
+  check(i.schedule_progress in ("learner", "run"), "inner.schedule_progress", i.schedule_progress,
+        "one of ('learner', 'run')")
   check(o.lr > 0, "outer.lr", o.lr, "a float > 0")
   check(0 <= o.momentum < 1, "outer.momentum", o.momentum, "a float in [0, 1)")
   check(1 <= o.quorum <= run.learners, "outer.quorum", o.quorum, f"an integer in [1, learners={run.learners}]")
@@ -359,7 +384,8 @@ def validate(run: RunConfig) -> None:
   check(f.chips_per_slice >= 1, "faults.chips_per_slice", f.chips_per_slice, "an integer >= 1")
   check(f.checkpoint_every >= 1, "faults.checkpoint_every", f.checkpoint_every, "an integer >= 1")
   for fault in f.schedule:
-    check(0 <= fault.learner < run.learners, "faults.schedule", fault.text, f"learner in [0, {run.learners})")
+    check(0 <= fault.learner < run.learners + run.lent_slices, "faults.schedule", fault.text,
+          f"learner in [0, {run.learners + run.lent_slices}) (learners, then those of lent slices)")
   if c.kind == "real" and run.mode in ("decoupled", "diloco_sync"):  # refused rather than pretended
     check(f.mtbi_chip_seconds == 0, "faults.mtbi_chip_seconds", f.mtbi_chip_seconds,
           "0 under clock.kind='real' (random crashes need modeled time: use clock.kind='virtual')")

@@ -221,7 +221,10 @@ class Prefetcher:
   def _produce(self, out: "queue.Queue[Any]", stop: threading.Event) -> None:
     """Producer thread body: batches, transformed, into `out` until stopped or failed."""
     try:
+      wait_ready = getattr(self._iterator, "wait_ready", None)  # a leased stream: its next batch may not be yet
       while not stop.is_set():
+        if wait_ready is not None and not wait_ready(stop, self._POLL_S):
+          return
         item = next(self._iterator)
         if not self._put(out, stop, item if self._transform is None else self._transform(item)):
           return

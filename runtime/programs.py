@@ -29,10 +29,10 @@ def init_state(params: PyTree, tx: optax.GradientTransformation, step: int | jax
   or is reset does not warm up and decay again.
   """
   step = jnp.asarray(step, jnp.int32)
-  return TrainState(step=step, params=params, opt_state=_schedule_at(tx.init(params), step))
+  return TrainState(step=step, params=params, opt_state=schedule_at(tx.init(params), step))
 
 
-def _schedule_at(opt_state: PyTree, step: jax.Array) -> PyTree:
+def schedule_at(opt_state: PyTree, step: jax.Array) -> PyTree:
   """`opt_state` with every schedule's count set to `step`."""
   is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
   return jax.tree.map(lambda x: optax.ScaleByScheduleState(count=step) if is_schedule(x) else x, opt_state,

@@ -61,6 +61,14 @@ class SlicePool:
     self._spares.append(slice_index)
     return None
 
+  def begin_repair(self, slice_index: int) -> None:
+    """A slice outside the pool (lent) is in repair."""
+    self._repairing.add(slice_index)
+
+  def end_repair(self, slice_index: int) -> None:
+    """A slice outside the pool (lent) is back; it is not the pool's to give."""
+    self._repairing.discard(slice_index)
+
   def snapshot(self) -> dict:
     return dict(spares=self._spares, waiting=self._waiting, repairing=sorted(self._repairing),
                 crashed=sorted(self._crashed), held=sorted(self._held.items()))

@@ -9,3 +9,14 @@ def assert_ranges_tile(result, learners=None):
     assert ranges and ranges[0][0] == 0, f"learner {m}: {ranges}"
     for (_, end), (start, _) in zip(ranges, ranges[1:]):
       assert start == end, f"learner {m}: gap or overlap in {ranges}"
+
+
+def assert_data_accounted(result, seq_len: int) -> None:
+  """Every serial the data service handed out is merged at most once, held by one learner, or given back."""
+  d = result.details
+  merged, leased, returned = d["merged_serials"], d["leased_serials"], d["returned_serials"]
+  assert len(set(merged)) == len(merged), "a window reached Θ twice"
+  assert len(set(leased)) == len(leased), "a window is leased to two learners"
+  assert sorted(leased + returned) == list(range(d["frontier"])), "a window was lost"
+  assert set(merged) <= set(leased)
+  assert len(merged) * seq_len == result.tokens

@@ -102,7 +102,7 @@ def check(name: str) -> str:
     if source.count(text) != 1:
       return f"{name}: STALE ({path} holds its text {source.count(text)} times)"
     (copy / path).write_text(source.replace(text, mutated))
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test], cwd=copy,
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow", test], cwd=copy,
                             capture_output=True, text=True, check=False)
   return f"{name}: {'CAUGHT' if result.returncode == 1 else 'MISSED'} by {test}"
 

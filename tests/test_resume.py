@@ -65,6 +65,7 @@ def _kill_at(monkeypatch, merges: int) -> None:
   monkeypatch.setattr(controller_lib.Controller, "_save_checkpoint", dying)
 
 
+@pytest.mark.slow  # ~2 minutes; the default suite keeps the SIGKILL case below and tests/test_membership.py's
 def test_killed_mid_flight_four_times_the_run_ends_bit_identical_to_one_never_killed(faulty, tmp_path, monkeypatch):
   reference = modes.train(faulty, tmp_path / "reference")[0]
   saw = set()

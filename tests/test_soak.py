@@ -1,4 +1,5 @@
-"""Randomized soak in virtual time: over a hundred faults of every kind per seed, three seeds.
+"""Randomized soak in virtual time: over a hundred faults of every kind per seed, three seeds (and two more with
+learners joining and leaving on lent slices).
 
 Run with: python -m pytest -m slow tests/test_soak.py   (several minutes per seed on 2 cores)
 """
@@ -7,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from invariants import assert_data_accounted
 from runtime import modes
 from runtime.diloco.controller import Controller
 from runtime.experiment import Experiment
@@ -32,8 +34,10 @@ def _random_schedule(rng: np.random.Generator, learners: int, horizon: float, co
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_soak_with_hundreds_of_faults_keeps_every_invariant(tiny_config, seed):
+@pytest.mark.parametrize("seed, elastic", [(0, False), (1, False), (2, False), (0, True), (1, True)])
+def test_soak_with_hundreds_of_faults_keeps_every_invariant(tiny_config, seed, elastic):
+  """`elastic`: learners also join and leave on lent slices (a random trace and a fixed lend), fed by the data
+  service, and faults hit them too; no window may be lost or merged twice."""
   c = tiny_config
   c.seed = seed
   c.model.num_layers = 1
@@ -52,6 +56,11 @@ def test_soak_with_hundreds_of_faults_keeps_every_invariant(tiny_config, seed):
   c.faults.repair_seconds = 20.0
   c.faults.report_timeout_seconds = 5.0
   c.faults.schedule = _random_schedule(np.random.default_rng(seed), 4, horizon=200.0, count=120)
+  if elastic:
+    c.num_devices, c.slices = 8, 5  # one spare slice and up to 3 lent
+    c.data.assignment = "service"
+    c.capacity.schedule = "random:slices=2,gap=15,duration=25;lend:slices=1,time=30,duration=60"
+    c.faults.schedule += ";" + _random_schedule(np.random.default_rng(seed + 100), 7, horizon=200.0, count=40)
   run = modes.prepare(c)
   result = Controller(run, Experiment(run), None, "soak").train()
 
@@ -70,3 +79,7 @@ def test_soak_with_hundreds_of_faults_keeps_every_invariant(tiny_config, seed):
   rejoins = sum(f["fault"] == "rejoin" for f in result.details["faults"])
   assert crashes - rejoins <= 4  # only learners still under repair at the very end have not rejoined
   assert np.isfinite(result.final_eval_loss)
+  if elastic:
+    assert_data_accounted(result, seq_len=16)
+    joins = sum(f["fault"] == "join" for f in result.details["faults"])
+    assert joins >= 5 and result.extras["lent_slice_s"] > 0

@@ -73,7 +73,8 @@ class VirtualClock:
     self.cfg = cfg
     # A learner's step time scales with its hardware (speeds) and its share of the work (batch_shares: its
     # batch over an equal share; a smaller batch on a slower class evens their step times).
-    self._speeds = (np.asarray(cfg.speeds or (1.0,) * num_learners, np.float64)
+    speeds = tuple(cfg.speeds or ()) + (1.0,) * (num_learners - len(cfg.speeds or ()))  # lent learners: 1
+    self._speeds = (np.asarray(speeds, np.float64)
                     * np.asarray(batch_shares or (1.0,) * num_learners, np.float64))
     self._rng = np.random.default_rng(seed)
     self._timeline = _Timeline()

@@ -25,9 +25,10 @@ from runtime.config import RunConfig
 from runtime.errors import TrainingDiverged
 from runtime.diloco.clock import Event, make_clock
 from runtime.diloco.ledger import Ledger
-from runtime.diloco.learner import DONE, DOWN, TRAINING, WAITING, Learner
+from runtime.diloco.learner import ABSENT, DONE, DOWN, TRAINING, WAITING, Learner
 from runtime.diloco.links import Links
 from runtime.diloco.durability import Durability
+from runtime.diloco.membership import Membership
 from runtime.diloco.recovery import Recovery
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.syncer import MergeResult, Syncer
@@ -39,30 +40,30 @@ from runtime.programs import init_state
 from runtime.slice_pool import SlicePool
 
 
-class Controller(Recovery, Durability):
+class Controller(Recovery, Membership, Durability):
   """Runs Decoupled DiLoCo (or synchronous DiLoCo with quorum = M) to the token budget."""
 
   def __init__(self, run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str):
     self.run, self.exp, self.workdir, self.name = run, exp, workdir, name
     f = run.faults
-    self.slices = devices_lib.make_slices(devices_lib.controller_devices(run.num_devices), run.num_slices)
+    self.slices = devices_lib.make_slices(devices_lib.controller_devices(run.num_devices),
+                                          run.num_slices + run.lent_slices)
     self.host_mesh = devices_lib.slice_mesh([devices_lib.host_device()])
     self.host_sharding = NamedSharding(self.host_mesh, P())
     self.crashes = CrashPlan(f.schedule, [crash_times(f, s, run.seed) for s in range(len(self.slices))])
-    self.injector = injection.Injector(run.learners) if f.schedule or f.mtbi_chip_seconds > 0 else None
+    self.injector = injection.Injector(run.learners + run.lent_slices) if f.schedule or f.mtbi_chip_seconds else None
     tx = inner_optimizer(run.inner, run.total_steps)
-    self.learners = [Learner(m, m, self.slices[m], run, exp.shard(m, run.learners, run.learner_batch(m)), tx,
-                             self.injector) for m in range(run.learners)]
-    self.pool = SlicePool(len(self.slices), in_use=run.learners)
+    self.learners = self._make_learners(exp, tx)
+    self.pool = SlicePool(run.num_slices, in_use=run.learners)  # lent slices are not its to give
     theta = jax.jit(lm.init_params, static_argnums=0, out_shardings=self.host_sharding)(
         run.model, jax.random.key(run.seed))
-    self.syncer = Syncer(run.outer, theta, run.learners, run.overlap_steps)
-    shares = [run.learner_batch(m) * run.learners / run.data.batch_size for m in range(run.learners)]
-    self.clock = make_clock(run.clock, run.learners, run.seed, shares)
+    self.syncer = Syncer(run.outer, theta, len(self.learners), run.overlap_steps)
+    shares = [run.learner_batch(m) * run.learners / run.data.batch_size for m in range(len(self.learners))]
+    self.clock = make_clock(run.clock, len(self.learners), run.seed, shares)
     self.links = Links(self.clock.transfer_seconds, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(theta)))
     self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="syncer")
     self.worker.submit(self.syncer.compile_merges)  # every merge size, before the first merge needs one
-    self.ledger = Ledger(num_slices=len(self.slices))
+    self.ledger = Ledger(num_slices=run.num_slices)
     self.merge_state = "idle"  # "idle" | "scheduled" | "running"
     self.event_time = 0.0  # when the event being handled happened
     self.tokens_dispatched = 0
@@ -105,6 +106,7 @@ class Controller(Recovery, Durability):
           self._schedule_slice_crash(s)
         for at, kind, m, payload in timed_events(self.run.faults.schedule):
           self.clock.after(at, Event(kind, m, payload))
+        self._schedule_lends()
       try:
         self._loop(start=saved_log is None)
       finally:
@@ -126,11 +128,13 @@ class Controller(Recovery, Durability):
         self.checkpoints.close()
       result = self.log.result(self.learners, self.ledger, now, self.clock.virtual_seconds(), self.syncer.params)
       result.extras.update(self._save_figures())
+      result.extras.update(self._membership_figures(now))
+      result.details.update(self._data_accounting())
       return result
 
   def _loop(self, start: bool) -> None:
     if start:
-      for learner in self.learners:
+      for learner in self.learners[:self.run.learners]:  # learners of lent capacity join when it is lent
         learner.reset(self.syncer.params, 0, 0.0)
         self._start_round(learner)
     while self._work_scheduled() or self.syncer.pending:
@@ -173,7 +177,8 @@ class Controller(Recovery, Durability):
     modeled = sum(self.clock.step_seconds(learner.index) for _ in range(steps))
     crash_at = self._arm_crash(learner, steps, modeled)
     try:
-      part = learner.dispatch(kind, steps, now, modeled, armed=crash_at is not None)
+      at = self.tokens_dispatched // self.run.tokens_per_step if self.run.inner.schedule_progress == "run" else None
+      part = learner.dispatch(kind, steps, now, modeled, armed=crash_at is not None, schedule_at=at)
     except Exception as error:  # pylint: disable=broad-except
       self._crash(learner, f"at dispatch: {injection.describe(error)}")
       return False
@@ -253,7 +258,7 @@ class Controller(Recovery, Durability):
 
   def _able(self) -> int:
     """Learners that can still report."""
-    return sum(l.status not in (DOWN, DONE) for l in self.learners)
+    return sum(l.status not in (DOWN, DONE, ABSENT) for l in self.learners)
 
   def _grace_seconds(self) -> float:
     now, step = self.clock.now(), self.syncer.xi_step.value
@@ -280,7 +285,7 @@ class Controller(Recovery, Durability):
       return
     reports = self.syncer.take_pending()
     self.merge_state = "running"
-    future = self.worker.submit(self.syncer.compute, reports)
+    future = self.worker.submit(self.syncer.compute, reports, self._members())
     self.clock.on_done(future, self.run.clock.merge_seconds,
                        Event("merge_done", payload=(future, reports, self.clock.now())))
 
@@ -298,6 +303,8 @@ class Controller(Recovery, Durability):
     for report in reports:
       merged = report.learner not in quarantined
       self.learners[report.learner].report_settled(report, merged)
+      if not merged and self.learners[report.learner].status == ABSENT:  # it left: its data is served to others
+        self.learners[report.learner].give_back_unreported()
       if merged:
         self.log.merged(report)
         self.ledger.useful(report.busy_seconds)

@@ -38,7 +38,8 @@ class Durability:
         tokens_dispatched=self.tokens_dispatched, reports_in_transit=self.reports_in_transit,
         syncer=self.syncer.snapshot(packer), learners=[l.snapshot(packer) for l in self.learners],
         pool=self.pool.snapshot(), crashes=self.crashes.snapshot(), links=self.links.snapshot(),
-        ledger=self.ledger.snapshot(), clock=self.clock.snapshot(packer.event), log=self.log.snapshot())
+        ledger=self.ledger.snapshot(), clock=self.clock.snapshot(packer.event), log=self.log.snapshot(),
+        membership=self._membership_snapshot())
     meta = json.loads(json.dumps(meta))  # a copy, made now: the run goes on changing the lists it was built from
     groups = packer.groups
 
@@ -81,6 +82,7 @@ class Durability:
     self.crashes.restore(meta["crashes"])
     self.links.restore(meta["links"])
     self.ledger.restore(meta["ledger"])
+    self._membership_restore(meta["membership"])
     self.clock.restore(meta["clock"], unpacker.event)
     self.merges_done, self._finished, self.merge_state = meta["merges_done"], meta["finished"], meta["merge_state"]
     self.tokens_dispatched, self.reports_in_transit = meta["tokens_dispatched"], meta["reports_in_transit"]

@@ -6,7 +6,7 @@ The learner keeps its own bookkeeping (tokens and steps since Θ, where its data
 reported); the controller only asks it to dispatch, collect, report, adopt Θ, fail and rejoin.
 """
 
-import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -19,50 +19,24 @@ from models import lm
 from runtime import data as data_lib
 from runtime import devices as devices_lib
 from runtime.config import RunConfig
+from runtime.data_service import LeasedStream
 from runtime.diloco import snapshot as snapshot_lib
-from runtime.diloco.messages import Delivery, Report
+from runtime.diloco.messages import Delivery, Failure, Report, RoundPart
 from runtime.faults import injection
-from runtime.programs import TrainState, init_state, make_round
+from runtime.programs import TrainState, init_state, make_round, schedule_at
 from runtime.staging import Stager
 
 PyTree = Any
 
 TRAINING, WAITING, DOWN, DONE = "training", "waiting", "down", "done"
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundPart:
-  """A dispatched part of a round: its futures and what it consumed."""
-
-  kind: str  # "main": ends in a report; "overlap": trains while the report syncs
-  steps: int
-  tokens: int
-  started_at: float
-  modeled_seconds: float  # 0 when time is not modeled (real clock)
-  state: TrainState
-  metrics: dict
-  failure: str = ""  # the device error of a program that failed before it was awaited, raised when it is
-
-  def ends_at(self, seconds_per_step: float) -> float:
-    """When the part finishes: modeled, or estimated from a typical step time."""
-    return self.started_at + (self.modeled_seconds or self.steps * seconds_per_step)
-
-
-@dataclasses.dataclass(frozen=True)
-class Failure:
-  """What a learner's crash cost: its slice, the device error, and the work that never reached Θ."""
-
-  slice_index: int
-  detail: str  # ", awaiting its round: ..." or similar, appended to the crash's cause
-  unmerged_tokens: int  # tokens trained (or in flight) since the last report
-  lost_seconds: float  # busy slice time since its last report
+ABSENT = "absent"  # a learner of lent capacity while it has no slice (not yet lent, or reclaimed)
 
 
 class Learner:
   """Owns one slice; all device work is dispatched asynchronously and awaited only in `collect`."""
 
   def __init__(self, index: int, slice_index: int, devices: list[jax.Device], run: RunConfig,
-               stream: data_lib.ShardIterator, tx: optax.GradientTransformation,
+               stream: data_lib.ShardIterator | LeasedStream, tx: optax.GradientTransformation,
                injector: injection.Injector | None = None):
     self.index = index
     self.run = run
@@ -70,7 +44,12 @@ class Learner:
     self.injector = injector
     self.tokens_per_batch = stream.tokens_per_batch
     self._data = Stager(stream, run.data.prefetch, str(index))
-    self.move_to(slice_index, devices)
+    self.leased = stream if isinstance(stream, LeasedStream) else None  # data from the service, leased ahead
+    self._placements: dict[int, tuple] = {}  # slice -> mesh, shardings and programs there
+    if slice_index >= 0:
+      self.move_to(slice_index, devices)
+    else:
+      self.slice_index = -1
     self.state: TrainState | None = None
     self.status = WAITING
     self.inflight: RoundPart | None = None
@@ -93,18 +72,21 @@ class Learner:
     self._corrupt_next = ""  # fault injection: corrupt the next report ("nan", "inf", "huge")
     self._finished_at = float("nan")
     self._state_since = 0.0
+    self._absent_seconds = 0.0  # time without a slice of lent capacity (not counted in its busy fraction)
 
   # Placement ---------------------------------------------------------------------------------------
 
   def move_to(self, slice_index: int, devices: list[jax.Device]) -> None:
-    """Binds the learner to a slice: its mesh, shardings and (re)compiled round program."""
+    """Binds the learner to a slice: its mesh, shardings and round program (compiled once per slice it uses)."""
+    if slice_index not in self._placements:
+      mesh = devices_lib.slice_mesh(devices)
+      hook = injection.device_check(self.injector, self.index, mesh) if self.injector else None
+      self._placements[slice_index] = (
+          mesh, lm.param_shardings(self.run.model, mesh, self.run.fsdp), NamedSharding(mesh, P(None, "data")),
+          jax.jit(make_round(self.run.model, self.tx, hook), donate_argnums=0),
+          jax.jit(lambda p, step: init_state(p, self.tx, step)))
     self.slice_index = slice_index
-    self.mesh = devices_lib.slice_mesh(devices)
-    self.param_sharding = lm.param_shardings(self.run.model, self.mesh, self.run.fsdp)
-    self.batch_sharding = NamedSharding(self.mesh, P(None, "data"))
-    hook = injection.device_check(self.injector, self.index, self.mesh) if self.injector else None
-    self._round_program = jax.jit(make_round(self.run.model, self.tx, hook), donate_argnums=0)
-    self._init = jax.jit(lambda p, step: init_state(p, self.tx, step))
+    self.mesh, self.param_sharding, self.batch_sharding, self._round_program, self._init = self._placements[slice_index]
 
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
     """Starts from Θ with fresh inner optimizer state (initial start, rejoin, quarantine)."""
@@ -114,14 +96,21 @@ class Learner:
 
   # Rounds -----------------------------------------------------------------------------------------
 
-  def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False) -> RoundPart:
+  def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False,
+               schedule_at: int | None = None) -> RoundPart:
     """Enqueues `steps` inner steps as one device program and returns at once (may raise, unless `armed`).
 
     A program `armed` to crash may fail as it is enqueued (XLA:CPU runs small programs inline when their inputs
     are ready) or later; either way its error is raised where it is awaited, so the run never depends on which.
     """
+    main, overlap = self.run.inner_steps - self.run.overlap_steps, self.run.overlap_steps
+    ahead = overlap if kind == "main" and overlap else main
+    if self.leased is not None:  # this part, the one staged after it, and what the prefetcher reads ahead
+      self.leased.lease_through(self._data.position["position"] + steps + ahead + self.run.data.prefetch + 2)
     staged = self._data.take(steps, self.batch_sharding)
     self.set_status(TRAINING, now)
+    if schedule_at is not None:  # the inner schedule follows the run's progress (inner.schedule_progress="run")
+      self.state = _schedule_to(self.state, np.int32(schedule_at))
     failure = ""
     try:
       state, metrics = self._round_program(self.state, staged.batches_HxBxT)
@@ -131,8 +120,7 @@ class Learner:
       state, metrics, failure = None, None, injection.describe(error)
     self.inflight = RoundPart(kind, steps, staged.tokens, now, modeled_seconds, state, metrics, failure)
     self.state = state
-    main, overlap = self.run.inner_steps - self.run.overlap_steps, self.run.overlap_steps
-    self._data.stage_ahead(overlap if kind == "main" and overlap else main, self.batch_sharding)
+    self._data.stage_ahead(ahead, self.batch_sharding)
     return self.inflight
 
   def collect(self, now: float) -> RoundPart:
@@ -187,7 +175,7 @@ class Learner:
 
   def deliver(self, delivery: Delivery) -> bool:
     """Keeps Θ for adoption unless the learner is down or has moved past the round it answers."""
-    if self.status == DOWN or delivery.round != self.round:
+    if self.status in (DOWN, ABSENT) or delivery.round != self.round:
       return False
     self.inbox = delivery
     return True
@@ -258,6 +246,20 @@ class Learner:
     self.slice_index = -1
     return failure
 
+  def leave(self, now: float) -> Failure:
+    """Its lent slice is reclaimed: its unreported work is lost as in a failure, and it leaves the run."""
+    failure = self.fail(now) if self.status != DOWN else Failure(-1, "", 0, 0.0)  # a down one's loss is booked
+    self.state = None
+    self.give_back_unreported()
+    self.set_status(ABSENT, now)
+    return failure
+
+  def give_back_unreported(self) -> None:
+    """The data it leased after its last report goes back to the service (a learner that left for good)."""
+    if self.leased is not None:
+      self.leased.give_back_from(self._reported_position["position"])
+      self._data.restore(self._reported_position)  # drops what was staged or prefetched from those leases
+
   def rejoin(self, slice_index: int, devices: list[jax.Device], theta_host: PyTree, version: int,
              now: float) -> None:
     """Back on a healthy slice: Θ, fresh inner state, data from the end of its last report."""
@@ -271,15 +273,19 @@ class Learner:
   def busy_fraction(self, now: float) -> float:
     """Share of the learner's active span spent training: from the start to now, or, once it is done, to the end
     of its last inner step (the final sync of its last report is no training time to fill)."""
-    span = self._finished_at if self.status == DONE else now
+    span = (self._finished_at if self.status == DONE else now) - self._absent_seconds
+    span -= now - self._state_since if self.status == ABSENT else 0.0
     return self.busy_seconds / span if span > 0 else 1.0
 
   def set_status(self, status: str, now: float) -> None:
     """Moves to `status`, closing the timeline interval of the previous one."""
     if status == self.status == DONE:
       return
-    if status == DONE:  # a learner still down at the end stays charged with its down time
-      self._finished_at = self.completions[-1][0] if self.completions and self.status != DOWN else now
+    if status == DONE:  # a learner still down at the end stays charged with its down time; one absent is not
+      self._finished_at = (self._state_since if self.status == ABSENT else
+                           self.completions[-1][0] if self.completions and self.status != DOWN else now)
+    elif self.status == ABSENT:
+      self._absent_seconds += now - self._state_since
     if now > self._state_since and self.status != DONE:
       self.intervals.append((f"learner {self.index}", self._state_since, now, self.status))
     self.status, self._state_since = status, now
@@ -291,7 +297,7 @@ class Learner:
 
   _SAVED = ("status", "tokens", "steps", "round", "base_version", "total_steps", "busy_seconds", "last_loss",
             "reports_out", "_unreported_busy", "_reported_tokens", "_reported_steps", "_round_start",
-            "_reported_position", "_corrupt_next", "_finished_at", "_state_since")
+            "_reported_position", "_corrupt_next", "_finished_at", "_state_since", "_absent_seconds")
 
   def snapshot(self, packer: snapshot_lib.Packer) -> dict:
     """Everything that decides the learner's future; its device state is copied (the next round donates it)."""
@@ -305,6 +311,7 @@ class Learner:
     part = self.inflight
     return dict(
         {name: getattr(self, name) for name in self._SAVED}, slice_index=self.slice_index, data=self._data.position,
+        leases=None if self.leased is None else self.leased.snapshot(),
         completions=self.completions, intervals=self.intervals, state=packer.tree(state, "train", group),
         inbox=packer.value(self.inbox), at_report=packer.tree(self._at_report, "params", group),
         inflight=None if part is None else dict(
@@ -317,6 +324,8 @@ class Learner:
     for name in self._SAVED:
       setattr(self, name, saved[name])
     self.slice_index = saved["slice_index"]
+    if self.leased is not None:
+      self.leased.restore_leases(saved["leases"])
     self._data.restore(saved["data"])
     self.completions = [tuple(c) for c in saved["completions"]]
     self.intervals = [tuple(i) for i in saved["intervals"]]
@@ -335,6 +344,11 @@ class Learner:
       metrics = None if failure else unpacker.tree(part["metrics"], lambda x, _: jax.device_put(x, replicated), group)
       self.inflight = RoundPart(part["kind"], part["steps"], part["tokens"], part["started_at"],
                                 part["modeled_seconds"], self.state, metrics, failure=failure)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _schedule_to(state: TrainState, step: jax.Array) -> TrainState:
+  return state.replace(opt_state=schedule_at(state.opt_state, step))
 
 
 @jax.jit

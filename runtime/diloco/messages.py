@@ -1,7 +1,10 @@
-"""What learners and the syncer send each other: a Report up, a Delivery of Θ down."""
+"""What learners and the syncer send each other (a Report up, a Delivery of Θ down), and a learner's own records:
+the parts of a round it dispatched, and what a failure cost it."""
 
 import dataclasses
 from typing import Any
+
+from runtime.programs import TrainState
 
 PyTree = Any
 
@@ -33,3 +36,31 @@ class Delivery:
   round: int  # the learner's round this answers; a learner that moved on ignores it
   reset: bool = False  # fresh inner state (rejoin, quarantined report)
   rewind_to: dict | None = None  # serve the data from here again (its earlier work never reached Θ)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundPart:
+  """A dispatched part of a round: its futures and what it consumed."""
+
+  kind: str  # "main": ends in a report; "overlap": trains while the report syncs
+  steps: int
+  tokens: int
+  started_at: float
+  modeled_seconds: float  # 0 when time is not modeled (real clock)
+  state: TrainState
+  metrics: dict
+  failure: str = ""  # the device error of a program that failed before it was awaited, raised when it is
+
+  def ends_at(self, seconds_per_step: float) -> float:
+    """When the part finishes: modeled, or estimated from a typical step time."""
+    return self.started_at + (self.modeled_seconds or self.steps * seconds_per_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+  """What a learner's crash cost: its slice, the device error, and the work that never reached Θ."""
+
+  slice_index: int
+  detail: str  # ", awaiting its round: ..." or similar, appended to the crash's cause
+  unmerged_tokens: int  # tokens trained (or in flight) since the last report
+  lost_seconds: float  # busy slice time since its last report

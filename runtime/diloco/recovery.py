@@ -7,7 +7,7 @@ event loop dispatches `_on_<kind>` for these fault events exactly as for the oth
 from absl import logging
 
 from runtime.diloco.clock import Event
-from runtime.diloco.learner import DONE, DOWN, Learner
+from runtime.diloco.learner import ABSENT, DONE, DOWN, Learner
 
 
 class Recovery:
@@ -24,14 +24,14 @@ class Recovery:
     owner = next((l for l in self.learners if l.slice_index == s and l.status != DOWN), None)
     if owner is not None:
       self._crash(owner, "slice interrupted")
-    else:
+    elif not self._lent_slice_crashed_idle(s):
       self.pool.failed_idle(s)
       self.clock.after(self.run.faults.repair_seconds, Event("slice_repaired", payload=s))
 
   def _on_learner_crash(self, event: Event) -> None:
     self.crashes.happened("learner", event.learner)
     learner = self.learners[event.learner]
-    if learner.status not in (DOWN, DONE):
+    if learner.status not in (DOWN, DONE, ABSENT):
       self._crash(learner, "scheduled crash", repair=event.payload.repair if event.payload.repair >= 0 else None)
 
   def _crash(self, learner: Learner, why: str, repair: float | None = None) -> None:
@@ -50,14 +50,17 @@ class Recovery:
     self.pool.crashed(failure.slice_index)
     repair = self.run.faults.repair_seconds if repair is None else repair
     self.clock.after(repair, Event("slice_repaired", payload=failure.slice_index))
-    spare = self.pool.take_spare()
-    if spare is not None:
-      self.clock.after(self.run.faults.spare_swap_seconds, Event("rejoin", m, spare))
-    else:
-      self.pool.wait(m)
+    if not self._is_lent_slice(failure.slice_index):  # a lent learner waits for its own slice's repair
+      spare = self.pool.take_spare()
+      if spare is not None:
+        self.clock.after(self.run.faults.spare_swap_seconds, Event("rejoin", m, spare))
+      else:
+        self.pool.wait(m)
     self._maybe_merge()
 
   def _on_slice_repaired(self, event: Event) -> None:
+    if self._lent_slice_repaired(event.payload):
+      return
     self._schedule_slice_crash(event.payload)
     learner = self.pool.repaired(event.payload)
     if learner is not None:

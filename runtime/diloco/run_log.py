@@ -7,7 +7,7 @@ import jax
 import numpy as np
 
 from runtime.config import RunConfig
-from runtime.diloco.learner import DOWN, TRAINING, Learner
+from runtime.diloco.learner import ABSENT, DOWN, TRAINING, Learner
 from runtime.diloco.ledger import Ledger, uptime
 from runtime.diloco.links import Links
 from runtime.diloco.messages import Report
@@ -119,7 +119,8 @@ class RunLog:
              params: PyTree) -> RunResult:
     """The run's summary row and the per-learner details behind it."""
     now = max(now, 1e-9)
-    busy = [l.busy_fraction(now) for l in learners]
+    present = [l for l in learners if l.completions or any(i[3] != ABSENT for i in l.intervals)]  # lent: if ever
+    busy = [l.busy_fraction(now) for l in present]
     merged_counts = [m["num_merged"] for m in self.merges if m["num_merged"]]
     intervals = [i for l in learners for i in l.intervals]
     wall = self.wall()

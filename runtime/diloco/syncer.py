@@ -91,7 +91,7 @@ class Syncer:
 
   def __init__(self, cfg: OuterConfig, params: PyTree, num_learners: int, overlap_steps: int = 0):
     self.cfg = cfg
-    self.num_learners = num_learners
+    self.num_learners = num_learners  # the most learners there can be (merge sizes are compiled up to it)
     self.tx = outer_optimizer(cfg)
     self.version = 0
     self.params = params
@@ -170,8 +170,10 @@ class Syncer:
     """The Θ that a report's outer gradient is measured against."""
     return self.params if self.cfg.outer_grad_base == "current" else self._history[report.base_version]
 
-  def compute(self, reports: Sequence[Report]) -> MergeResult:
-    """Screens and merges `reports` into a new Θ; pure with respect to the syncer (see commit)."""
+  def compute(self, reports: Sequence[Report], members: int | None = None) -> MergeResult:
+    """Screens and merges `reports` into a new Θ; pure with respect to the syncer (see commit).
+
+    `members`: the learners present when the merge began (default: all there can be)."""
     deltas, norms = zip(*(self._delta(self.reference(r), r.params) for r in reports))
     norms = np.asarray(jax.device_get(norms), np.float64)
     keep, quarantined = [], []
@@ -192,7 +194,7 @@ class Syncer:
     else:
       weights = np.ones(len(kept), np.float32)
     # A merge of n of M learners is n/M of a synchronous outer step (outer.scale == "fraction").
-    scale = np.float32(len(kept) / self.num_learners if self.cfg.scale == "fraction" else 1.0)
+    scale = np.float32(len(kept) / (members or self.num_learners) if self.cfg.scale == "fraction" else 1.0)
     # Padded with zero deltas of weight 0 up to a compiled size, so no merge waits for a compilation.
     size = next(n for n in merge_sizes(self.num_learners) if n >= len(kept))
     pads = [self._delta(self.params, self.params)[0] for _ in range(size - len(kept))]
