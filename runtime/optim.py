@@ -1,5 +1,6 @@
 """Inner optimizer: AdamW with warmup + cosine decay and global-norm clipping."""
 
+import functools
 from typing import Callable
 
 import jax
@@ -20,6 +21,7 @@ def inner_lr(cfg: InnerOptConfig, total_steps: int) -> Callable[[int], float]:
   """`lr(n)`: the inner learning rate the step taken after `n` steps applies, evaluated on the host CPU."""
   schedule, cpu = inner_schedule(cfg, total_steps), jax.devices("cpu")[0]
 
+  @functools.lru_cache(maxsize=None)  # learners at the same step ask alike; each eager evaluation costs ~1 ms
   def lr(steps_before: int) -> float:
     # For metrics records: evaluated on the host so no accelerator work joins the run's programs.
     with jax.default_device(cpu):

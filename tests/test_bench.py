@@ -1,7 +1,10 @@
-"""Benchmark rate arithmetic on synthetic run records (no JAX programs)."""
+"""Benchmark rate arithmetic on synthetic run records, and the start-up benchmark on a tiny setting."""
+
+import math
 
 import pytest
 
+from runtime.bench import startup
 from runtime.bench import throughput as bench
 from runtime.errors import ConfigError
 
@@ -36,3 +39,29 @@ def test_bench_config_names_the_bad_field():
     bench.BenchConfig(dp_steps=5, skip_steps=10)
   with pytest.raises(ConfigError, match="hand_rounds"):
     bench.BenchConfig(hand_rounds=0)
+
+
+def test_startup_bench_config_names_the_bad_field():
+  with pytest.raises(ConfigError, match="learners"):
+    startup.StartupBenchConfig(learners=())
+  with pytest.raises(ConfigError, match="warmup_rounds"):
+    startup.StartupBenchConfig(rounds=2, warmup_rounds=2)
+  with pytest.raises(ConfigError, match="devices_per_slice"):
+    startup.StartupBenchConfig(devices_per_slice=0)
+
+
+def test_startup_bench_warm_cache_compiles_nothing_and_ends_in_the_same_theta(tiny_config, capsys):
+  tiny_config.model.d_model, tiny_config.model.mlp_dim, tiny_config.model.num_layers = 32, 64, 1
+  tiny_config.inner_steps = 2
+  rows = startup.run(tiny_config, startup.StartupBenchConfig(learners=(2,), rounds=2, warmup_rounds=1, routes=False))
+  cold, warm = rows
+  assert (cold["cache"], warm["cache"]) == ("cold", "warm") and cold["M"] == warm["M"] == 2
+  assert cold["round compiles"] == 2  # one per slice: the cache key holds the device assignment on CPU
+  assert warm["XLA compiles"] == 0 < cold["XLA compiles"] == warm["cache loads"]
+  assert warm["Θ digest"] == cold["Θ digest"]
+  for r in rows:
+    assert 0 < r["ctrl CPU ms/round"] < math.inf and 0 < r["JAX share"] <= 1 and r["timed rounds"] == 2
+  out = capsys.readouterr().out
+  rows_printed = [line.split()[:4] for line in out.splitlines() if line.startswith("  2 ")]
+  assert rows_printed.count(["2", "2", "plain", "warm"]) == 2  # as measured, and in the final table
+  assert "at M=32: not measured" in out

@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from models import lm
 from runtime import data as data_lib
 from runtime import devices as devices_lib
+from runtime import tree_transfer
 from runtime.config import RunConfig
 from runtime.data_service import LeasedStream
 from runtime.diloco import snapshot as snapshot_lib
@@ -363,8 +364,11 @@ def _copy_to(tree: PyTree, sharding: jax.sharding.Sharding) -> PyTree:
   alias the other; device_put between overlapping CPU device sets reuses the shared device's buffer
   even with may_alias=False, hence a copy program. Copies to the host run on the host's single device:
   a copy on the learner's slice queued behind the rounds dispatched before it (XLA:CPU appeared to run
-  one multi-device program at a time), and the learner's report with it.
+  one multi-device program at a time), and the learner's report with it. Between single devices the tree
+  travels as one packed buffer, which costs the controller a third of the CPU time.
   """
+  if tree_transfer.packable(tree, sharding):
+    return tree_transfer.send(tree, sharding)
   if len(jax.tree.leaves(sharding)[0].device_set) == 1:
     return _fresh_copy(jax.device_put(tree, sharding))
   return jax.device_put(_fresh_copy(tree), sharding)
