@@ -39,7 +39,8 @@ def variants(base: RunConfig, growth: Sequence[int], lend_at: float, lend_second
     out[f"M={m}→{n}"] = lend
     out[f"M={m}→{n}, run schedule"] = {**lend, "inner.schedule_progress": "run"}
     out[f"M={n} throughout"] = {"learners": n, "num_devices": n, "data.batch_size": per_learner * n,
-                                "total_steps": base.total_steps * m // n, "eval_every": max(base.eval_every * m // n, 1)}
+                                "total_steps": base.total_steps * m // n,
+                                "eval_every": max(base.eval_every * m // n, 1)}
   return out
 
 

@@ -149,7 +149,8 @@ class Membership:
     if not self.run.capacity.schedule:
       return {}
     kinds = [f["fault"] for f in self.log.faults]
-    return dict(lent_slice_s=self.ledger.lent_slice_seconds(now), joins=kinds.count("join"), leaves=kinds.count("leave"))
+    return dict(lent_slice_s=self.ledger.lent_slice_seconds(now), joins=kinds.count("join"),
+                leaves=kinds.count("leave"))
 
   def _data_accounting(self) -> dict:
     """Where the service's serials went: merged into Θ (in merge order), leased to learners, or given back."""

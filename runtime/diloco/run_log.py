@@ -65,7 +65,7 @@ class RunLog:
         num_merged=len(result.merged), quarantined=[m for m, _ in result.quarantined],
         staleness=list(result.staleness), weights=list(result.weights), update_norm=result.update_norm,
         busy=[l.busy_fraction(now) for l in learners], bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down,
-        grace=grace, quorum=quorum, goodput=goodput, alive=sum(l.status != DOWN for l in learners))
+        grace=grace, quorum=quorum, goodput=goodput, alive=sum(l.status not in (DOWN, ABSENT) for l in learners))
     self.merges.append(self.logger.log("merge", record))
 
   def evaluate(self, params: PyTree, version: int, now: float, stamp: dict, force: bool = False) -> None:
