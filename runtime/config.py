@@ -2,6 +2,7 @@
 
 import dataclasses
 import difflib
+import importlib.util
 import math
 import typing
 from typing import Any, Sequence
@@ -16,6 +17,7 @@ from runtime.faults.plan import FaultConfig, parse_schedule
 MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
 CHECKPOINT_MODES = ("dp", "decoupled", "diloco_sync")  # modes a killed run resumes from its checkpoints in
 CLOCKS = ("virtual", "real")
+BACKENDS = ("local", "pathways")  # "pathways": pathwaysutils.initialize() before JAX starts (runtime/multislice.py)
 GRACE_KINDS = ("none", "adaptive", "fixed")
 MERGE_METHODS = ("rda", "mean")  # per tensor: radial-directional averaging, or the weighted mean
 RECEIVE_MODES = ("carry", "overwrite", "mix")  # what happens to overlap steps when Θ arrives
@@ -104,6 +106,7 @@ class RunConfig:
   mode: str = "decoupled"
   seed: int = 0
   num_devices: int = 8  # simulated CPU devices (ignored on real accelerators)
+  backend: str = "local"  # one of BACKENDS
   learners: int = 4
   slices: int = 0  # 0 = one slice per learner; more leaves spare slices
   inner_steps: int = 30  # H
@@ -267,6 +270,9 @@ def validate(run: RunConfig) -> None:
   check(run.mode in MODES, "mode", run.mode, f"one of {MODES}")
   check(0 <= run.seed < 2**32, "seed", run.seed, "an integer in [0, 2**32)")
   check(run.num_devices >= 1, "num_devices", run.num_devices, "an integer >= 1")
+  check(run.backend in BACKENDS, "backend", run.backend, f"one of {BACKENDS}")
+  check(run.backend != "pathways" or importlib.util.find_spec("pathwaysutils") is not None, "backend", run.backend,
+        "'local' unless pathwaysutils is installed (the `pathways` extra: pip install -e '.[pathways]')")
   check(run.learners >= 1, "learners", run.learners, "an integer >= 1")
   if run.mode != "dp":
     check(run.learners <= run.num_devices, "learners", run.learners, f"at most num_devices ({run.num_devices}): "
@@ -364,9 +370,9 @@ def validate(run: RunConfig) -> None:
     check(f.mtbi_chip_seconds == 0, "faults.mtbi_chip_seconds", f.mtbi_chip_seconds,
           "0 under clock.kind='real' (random crashes need modeled time: use clock.kind='virtual')")
     for fault in f.schedule:
-      check(fault.kind in ("corrupt", "link") or (fault.kind == "crash" and fault.step >= 0), "faults.schedule",
-            fault.text, "under clock.kind='real' only faults injected for real: crash:learner=M,step=N (raised "
-            "inside the device program), corrupt and link; time-scheduled crashes and stragglers need "
-            "clock.kind='virtual'")
+      check(fault.kind in ("corrupt", "link", "bug") or (fault.kind == "crash" and fault.step >= 0),
+            "faults.schedule", fault.text, "under clock.kind='real' only faults injected for real: "
+            "crash:learner=M,step=N (raised inside the device program), corrupt, link and bug; time-scheduled "
+            "crashes and stragglers need clock.kind='virtual'")
   check(c.latency_s >= 0 and c.merge_seconds >= 0, "clock.latency_s/clock.merge_seconds",
          (c.latency_s, c.merge_seconds), "floats >= 0")

@@ -25,7 +25,7 @@ from runtime.config import RunConfig
 from runtime.errors import TrainingDiverged
 from runtime.diloco.clock import Event, make_clock
 from runtime.diloco.ledger import Ledger
-from runtime.diloco.learner import DONE, DOWN, TRAINING, WAITING, Learner
+from runtime.diloco.learner import DONE, DOWN, FAILED, TRAINING, WAITING, Learner
 from runtime.diloco.links import Links
 from runtime.diloco.durability import Durability
 from runtime.diloco.recovery import Recovery
@@ -49,7 +49,7 @@ class Controller(Recovery, Durability):
     self.host_mesh = devices_lib.slice_mesh([devices_lib.host_device()])
     self.host_sharding = NamedSharding(self.host_mesh, P())
     self.crashes = CrashPlan(f.schedule, [crash_times(f, s, run.seed) for s in range(len(self.slices))])
-    self.injector = injection.Injector(run.learners) if f.schedule or f.mtbi_chip_seconds > 0 else None
+    self.injector = injection.Injector(run.learners, f.schedule) if f.schedule or f.mtbi_chip_seconds > 0 else None
     tx = inner_optimizer(run.inner, run.total_steps)
     self.learners = [Learner(m, m, self.slices[m], run, exp.shard(m, run.learners, run.learner_batch(m)), tx,
                              self.injector) for m in range(run.learners)]
@@ -175,7 +175,7 @@ class Controller(Recovery, Durability):
     try:
       part = learner.dispatch(kind, steps, now, modeled, armed=crash_at is not None)
     except Exception as error:  # pylint: disable=broad-except
-      self._crash(learner, f"at dispatch: {injection.describe(error)}")
+      self._failed(learner, "at dispatch", error)
       return False
     self.tokens_dispatched += tokens
     self.clock.on_done((part.state, part.metrics), modeled, Event("part_done", learner.index))
@@ -204,7 +204,7 @@ class Controller(Recovery, Durability):
     try:
       part = learner.collect(now)
     except Exception as error:  # pylint: disable=broad-except
-      self._crash(learner, f"awaiting its round: {injection.describe(error)}")
+      self._failed(learner, "awaiting its round", error)
       return
     self.syncer.observe_round((part.modeled_seconds or now - part.started_at) / part.steps)
     if part.kind == "main":
@@ -216,7 +216,7 @@ class Controller(Recovery, Durability):
     else:
       overlap = self.run.overlap_steps if self.run.outer.keep_training else 0
     if not (overlap and self._dispatch(learner, "overlap", overlap)) and learner.status == TRAINING:
-      learner.set_status(WAITING, now)  # (a dispatch that failed left it down, or done)
+      learner.set_status(WAITING, now)  # (a dispatch that failed left it down or failed, or done)
 
   def _send_report(self, learner: Learner, now: float) -> None:
     report = learner.report(now, self.host_sharding)
@@ -253,7 +253,7 @@ class Controller(Recovery, Durability):
 
   def _able(self) -> int:
     """Learners that can still report."""
-    return sum(l.status not in (DOWN, DONE) for l in self.learners)
+    return sum(l.status not in (DOWN, DONE, FAILED) for l in self.learners)
 
   def _grace_seconds(self) -> float:
     now, step = self.clock.now(), self.syncer.xi_step.value

@@ -28,6 +28,7 @@ from runtime.staging import Stager
 PyTree = Any
 
 TRAINING, WAITING, DOWN, DONE = "training", "waiting", "down", "done"
+FAILED = "failed"  # stopped for good by a program error that is no lost slice: never retried
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,17 +116,20 @@ class Learner:
   # Rounds -----------------------------------------------------------------------------------------
 
   def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False) -> RoundPart:
-    """Enqueues `steps` inner steps as one device program and returns at once (may raise, unless `armed`).
+    """Enqueues `steps` inner steps as one device program and returns at once (may raise: a device error unless
+    `armed`, an injected program bug always).
 
     A program `armed` to crash may fail as it is enqueued (XLA:CPU runs small programs inline when their inputs
     are ready) or later; either way its error is raised where it is awaited, so the run never depends on which.
     """
+    if self.injector is not None:
+      self.injector.check_program(self.index, now)
     staged = self._data.take(steps, self.batch_sharding)
     self.set_status(TRAINING, now)
     failure = ""
     try:
       state, metrics = self._round_program(self.state, staged.batches_HxBxT)
-    except Exception as error:  # pylint: disable=broad-except
+    except jax.errors.JaxRuntimeError as error:
       if not armed:
         raise
       state, metrics, failure = None, None, injection.describe(error)
@@ -187,7 +191,7 @@ class Learner:
 
   def deliver(self, delivery: Delivery) -> bool:
     """Keeps Θ for adoption unless the learner is down or has moved past the round it answers."""
-    if self.status == DOWN or delivery.round != self.round:
+    if self.status in (DOWN, FAILED) or delivery.round != self.round:
       return False
     self.inbox = delivery
     return True
@@ -240,9 +244,9 @@ class Learner:
 
   # Failure and return -----------------------------------------------------------------------------
 
-  def fail(self, now: float) -> Failure:
-    """The learner's slice failed: its future is dropped, its unreported work is lost, and it leaves
-    the slice. A round whose time is modeled is awaited first, so its device error surfaces."""
+  def fail(self, now: float, status: str = DOWN) -> Failure:
+    """The learner's slice failed (or its program, `status` FAILED): its future is dropped, its unreported work is
+    lost, and it leaves the slice. A round whose time is modeled is awaited first, so its device error surfaces."""
     detail = ""
     if self.inflight is not None and self.inflight.modeled_seconds and self.injector is not None:
       try:
@@ -254,7 +258,7 @@ class Learner:
     lost = part.tokens if part else 0
     failure = Failure(self.slice_index, detail, lost + self.tokens - self._reported_tokens, self._unreported_busy)
     self.inbox = None
-    self.set_status(DOWN, now)
+    self.set_status(status, now)
     self.slice_index = -1
     return failure
 
@@ -278,8 +282,8 @@ class Learner:
     """Moves to `status`, closing the timeline interval of the previous one."""
     if status == self.status == DONE:
       return
-    if status == DONE:  # a learner still down at the end stays charged with its down time
-      self._finished_at = self.completions[-1][0] if self.completions and self.status != DOWN else now
+    if status == DONE:  # a learner still down (or stopped) at the end stays charged with that time
+      self._finished_at = self.completions[-1][0] if self.completions and self.status not in (DOWN, FAILED) else now
     if now > self._state_since and self.status != DONE:
       self.intervals.append((f"learner {self.index}", self._state_since, now, self.status))
     self.status, self._state_since = status, now
@@ -297,7 +301,7 @@ class Learner:
     """Everything that decides the learner's future; its device state is copied (the next round donates it)."""
     group = f"learner{self.index}"
     state = None
-    if self.status != DOWN and self.state is not None:
+    if self.status not in (DOWN, FAILED) and self.state is not None:
       try:
         state = _fresh_copy(self.state)
       except jax.errors.JaxRuntimeError:
