@@ -20,6 +20,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.seed = 0
   # Simulated CPU devices the controller owns (ignored on real accelerators).
   config.num_devices = 8
+  # JAX backend: "local" (this process's devices) or "pathways" (runs pathwaysutils.initialize() first: the
+  # Pathways proxy backend, with JAX_PLATFORMS=proxy; needs the `pathways` extra). See README, "Multislice TPU".
+  config.backend = "local"
   # M: independent learners, one slice each.
   config.learners = 4
   # Slices to cut the devices into; 0 means one per learner, more leaves spare slices.
@@ -179,7 +182,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.faults = ml_collections.ConfigDict()
   # Scheduled faults, ';'-separated: crash (time= or step=, repair=), straggler (duration=, factor=),
-  # corrupt (how=nan|inf|huge), link (duration=, mode=delay|drop); every one names learner= and time=.
+  # corrupt (how=nan|inf|huge), link (duration=, mode=delay|drop), bug (a program error from time= on: stops the
+  # learner for good); every one names learner= and time=.
   config.faults.schedule = ""
   # Random crashes: per-chip mean time between interruptions, modeled seconds (0 = none).
   config.faults.mtbi_chip_seconds = 0.0

@@ -2,6 +2,7 @@
 
 import dataclasses
 import difflib
+import importlib.util
 import math
 import typing
 from typing import Any, Sequence
@@ -12,12 +13,14 @@ from models.config import ModelConfig
 from runtime import capacity as capacity_lib
 from runtime.data import SHARD_LAYOUTS
 from runtime.errors import ConfigError, check
+from runtime.faults import plan as fault_plan
 from runtime.faults.plan import FaultConfig, parse_schedule
 
 MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
 CHECKPOINT_MODES = ("dp", "decoupled", "diloco_sync")  # modes a killed run resumes from its checkpoints in
 CLOCKS = ("virtual", "real")
 ASSIGNMENTS = ("shards", "service")  # how learners get their data
+BACKENDS = ("local", "pathways")  # "pathways": pathwaysutils.initialize() before JAX starts (runtime/multislice.py)
 GRACE_KINDS = ("none", "adaptive", "fixed")
 MERGE_METHODS = ("rda", "mean")  # per tensor: radial-directional averaging, or the weighted mean
 RECEIVE_MODES = ("carry", "overwrite", "mix")  # what happens to overlap steps when Θ arrives
@@ -114,6 +117,7 @@ class RunConfig:
   mode: str = "decoupled"
   seed: int = 0
   num_devices: int = 8  # simulated CPU devices (ignored on real accelerators)
+  backend: str = "local"  # one of BACKENDS
   learners: int = 4
   slices: int = 0  # 0 = one slice per learner; more leaves spare slices
   inner_steps: int = 30  # H
@@ -286,6 +290,9 @@ def validate(run: RunConfig) -> None:
   check(run.mode in MODES, "mode", run.mode, f"one of {MODES}")
   check(0 <= run.seed < 2**32, "seed", run.seed, "an integer in [0, 2**32)")
   check(run.num_devices >= 1, "num_devices", run.num_devices, "an integer >= 1")
+  check(run.backend in BACKENDS, "backend", run.backend, f"one of {BACKENDS}")
+  check(run.backend != "pathways" or importlib.util.find_spec("pathwaysutils") is not None, "backend", run.backend,
+        "'local' unless pathwaysutils is installed (the `pathways` extra: pip install -e '.[pathways]')")
   check(run.learners >= 1, "learners", run.learners, "an integer >= 1")
   if run.mode != "dp":
     check(run.learners <= run.num_devices, "learners", run.learners, f"at most num_devices ({run.num_devices}): "
@@ -377,22 +384,6 @@ def validate(run: RunConfig) -> None:
   check(o.max_delta_norm > 0, "outer.max_delta_norm", o.max_delta_norm, "a float > 0")
   check(o.max_update_ratio > 0, "outer.max_update_ratio", o.max_update_ratio, "a float > 0")
   check(o.divergence_merges >= 1, "outer.divergence_merges", o.divergence_merges, "an integer >= 1")
-  f = run.faults
-  for name in ("mtbi_chip_seconds", "repair_seconds", "spare_swap_seconds", "report_timeout_seconds",
-               "restart_seconds", "reconfig_seconds"):
-    check(getattr(f, name) >= 0, f"faults.{name}", getattr(f, name), "a float >= 0")
-  check(f.chips_per_slice >= 1, "faults.chips_per_slice", f.chips_per_slice, "an integer >= 1")
-  check(f.checkpoint_every >= 1, "faults.checkpoint_every", f.checkpoint_every, "an integer >= 1")
-  for fault in f.schedule:
-    check(0 <= fault.learner < run.learners + run.lent_slices, "faults.schedule", fault.text,
-          f"learner in [0, {run.learners + run.lent_slices}) (learners, then those of lent slices)")
-  if c.kind == "real" and run.mode in ("decoupled", "diloco_sync"):  # refused rather than pretended
-    check(f.mtbi_chip_seconds == 0, "faults.mtbi_chip_seconds", f.mtbi_chip_seconds,
-          "0 under clock.kind='real' (random crashes need modeled time: use clock.kind='virtual')")
-    for fault in f.schedule:
-      check(fault.kind in ("corrupt", "link") or (fault.kind == "crash" and fault.step >= 0), "faults.schedule",
-            fault.text, "under clock.kind='real' only faults injected for real: crash:learner=M,step=N (raised "
-            "inside the device program), corrupt and link; time-scheduled crashes and stragglers need "
-            "clock.kind='virtual'")
+  fault_plan.validate(run)
   check(c.latency_s >= 0 and c.merge_seconds >= 0, "clock.latency_s/clock.merge_seconds",
          (c.latency_s, c.merge_seconds), "floats >= 0")

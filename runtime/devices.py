@@ -1,6 +1,5 @@
 """The controller's device set: simulated CPU devices, slices, and per-slice meshes."""
 
-import collections
 import os
 import re
 from typing import Sequence
@@ -9,6 +8,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from runtime import multislice
 from runtime.errors import ConfigError
 
 
@@ -39,13 +39,11 @@ def controller_devices(num_devices: int) -> list[jax.Device]:
 
 def make_slices(devices: Sequence[jax.Device], num_slices: int) -> list[list[jax.Device]]:
   """Groups devices into slices: by `slice_index` on multislice hardware, else equal consecutive groups."""
-  by_index: dict[int, list[jax.Device]] = collections.defaultdict(list)
-  for d in devices:
-    by_index[getattr(d, "slice_index", None)].append(d)
-  if None not in by_index and len(by_index) > 1:
-    if len(by_index) != num_slices:
-      raise ConfigError("slices", num_slices, f"the {len(by_index)} hardware slices present")
-    return [by_index[i] for i in sorted(by_index)]
+  groups = multislice.slice_groups(devices)
+  if groups is not None:
+    if len(groups) != num_slices:
+      raise ConfigError("slices", num_slices, f"the {len(groups)} hardware slices present")
+    return groups
   if num_slices < 1 or len(devices) % num_slices:
     raise ConfigError("slices", num_slices, f"a divisor of the {len(devices)} devices")
   per_slice = len(devices) // num_slices

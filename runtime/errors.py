@@ -17,6 +17,10 @@ class TrainingDiverged(RuntimeError):
   """Training cannot go on: the message says what diverged and which config field most likely caused it."""
 
 
+class ProgramError(RuntimeError):
+  """Training cannot go on: every learner stopped on a program error (no lost slice); the message names them."""
+
+
 def check(ok: bool, field: str, value: object, allowed: str) -> None:
   """Raises ConfigError naming `field`, its value and what is allowed, unless `ok`."""
   if not ok:

@@ -9,7 +9,7 @@ import ml_collections
 from absl import logging
 
 from runtime import devices as devices_lib
-from runtime import provenance, summary
+from runtime import multislice, provenance, summary
 from runtime.config import CHECKPOINT_MODES, RunConfig, from_config_dict, with_mode
 from runtime.experiment import Experiment, RunResult, finish
 
@@ -17,6 +17,7 @@ from runtime.experiment import Experiment, RunResult, finish
 def prepare(config: ml_collections.ConfigDict) -> RunConfig:
   """Validates the config and sets up simulated devices before JAX starts a backend."""
   run = from_config_dict(config)
+  multislice.start_backend(run.backend)
   devices_lib.configure_simulated_devices(run.num_devices)
   devices_lib.configure_compilation_cache(run.compile_cache)
   return run

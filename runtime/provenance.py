@@ -17,7 +17,8 @@ import jax
 from runtime.config import RunConfig
 from runtime.errors import UsageError
 
-_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "ml-collections", "absl-py", "numpy")
+_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "ml-collections", "absl-py", "numpy",
+             "pathwaysutils")
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -51,7 +52,7 @@ def environment() -> dict[str, Any]:
       device_kind=devices[0].device_kind, xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
-_QUIET = ("progress", "tensorboard", "compile_cache", "resume", "checkpoint_every", "checkpoint_keep",
+_QUIET = ("progress", "tensorboard", "compile_cache", "resume", "backend", "checkpoint_every", "checkpoint_keep",
           "checkpoint_seconds")  # same numbers
 
 

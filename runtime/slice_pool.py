@@ -54,7 +54,8 @@ class SlicePool:
     self._repairing.add(slice_index)
 
   def repaired(self, slice_index: int) -> int | None:
-    """The slice is back: the learner that gets it, or None (it becomes a spare)."""
+    """The slice is back (repaired, or left healthy by a stopped learner): the learner that gets it, or None (it
+    becomes a spare)."""
     self._repairing.discard(slice_index)
     if self._waiting:
       return self._waiting.pop(0)

@@ -22,6 +22,7 @@ STATE_COLORS: Mapping[str, str] = {
     "syncing": "tab:blue",
     "waiting": "tab:orange",
     "down": "tab:red",
+    "failed": "tab:gray",
 }
 SYNCER_LANE = "syncer"
 _KIND_STYLES: Mapping[str, Mapping[str, object]] = {

@@ -19,7 +19,8 @@ PyTree = Any
 def packable(tree: PyTree, sharding: PyTree) -> bool:
   """Whether `tree` (one dtype, on one device) can go to `sharding` (one device; a sharding or a tree of them)."""
   leaves = jax.tree.leaves(tree)
-  return (bool(leaves) and len(jax.tree.leaves(sharding)[0].device_set) == 1
+  return (bool(leaves) and all(isinstance(x, jax.Array) for x in leaves)
+          and len(jax.tree.leaves(sharding)[0].device_set) == 1
           and len({x.dtype for x in leaves}) == 1 and len(leaves[0].sharding.device_set) == 1)
 
 

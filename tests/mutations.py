@@ -90,6 +90,14 @@ MUTATIONS = {
         _RESUME_TEST),
     "resume_forgets_a_failed_program_in_flight": (
         "runtime/diloco/learner.py", 'failure = part["failure"] or failure', "failure = failure", _RESUME_TEST),
+    "program_error_retried_as_a_lost_slice": (
+        "runtime/diloco/recovery.py", "    if injection.slice_lost(error):", "    if True:",
+        "tests/test_program_errors.py::"
+        "test_a_program_error_at_dispatch_or_when_awaited_stops_its_learner_once_and_the_others_reach_the_budget"),
+    "stopped_learner_counted_in_the_quorum": (
+        "runtime/diloco/controller.py", "l.status not in (DOWN, DONE, FAILED)", "l.status not in (DOWN, DONE)",
+        "tests/test_program_errors.py::"
+        "test_a_program_error_at_dispatch_or_when_awaited_stops_its_learner_once_and_the_others_reach_the_budget"),
 }
 
 

@@ -25,7 +25,7 @@ from runtime.config import RunConfig
 from runtime.errors import TrainingDiverged
 from runtime.diloco.clock import Event, make_clock
 from runtime.diloco.ledger import Ledger
-from runtime.diloco.learner import ABSENT, DONE, DOWN, TRAINING, WAITING, Learner
+from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, TRAINING, WAITING, Learner
 from runtime.diloco.links import Links
 from runtime.diloco.durability import Durability
 from runtime.diloco.membership import Membership
@@ -51,7 +51,8 @@ class Controller(Recovery, Membership, Durability):
     self.host_mesh = devices_lib.slice_mesh([devices_lib.host_device()])
     self.host_sharding = NamedSharding(self.host_mesh, P())
     self.crashes = CrashPlan(f.schedule, [crash_times(f, s, run.seed) for s in range(len(self.slices))])
-    self.injector = injection.Injector(run.learners + run.lent_slices) if f.schedule or f.mtbi_chip_seconds else None
+    self.injector = (injection.Injector(run.learners + run.lent_slices, f.schedule)
+                     if f.schedule or f.mtbi_chip_seconds > 0 else None)
     tx = inner_optimizer(run.inner, run.total_steps)
     self.learners = self._make_learners(exp, tx)
     self.pool = SlicePool(run.num_slices, in_use=run.learners)  # lent slices are not its to give
@@ -180,7 +181,7 @@ class Controller(Recovery, Membership, Durability):
       at = self.tokens_dispatched // self.run.tokens_per_step if self.run.inner.schedule_progress == "run" else None
       part = learner.dispatch(kind, steps, now, modeled, armed=crash_at is not None, schedule_at=at)
     except Exception as error:  # pylint: disable=broad-except
-      self._crash(learner, f"at dispatch: {injection.describe(error)}")
+      self._failed(learner, "at dispatch", error)
       return False
     self.tokens_dispatched += tokens
     self.clock.on_done((part.state, part.metrics), modeled, Event("part_done", learner.index))
@@ -209,7 +210,7 @@ class Controller(Recovery, Membership, Durability):
     try:
       part = learner.collect(now)
     except Exception as error:  # pylint: disable=broad-except
-      self._crash(learner, f"awaiting its round: {injection.describe(error)}")
+      self._failed(learner, "awaiting its round", error)
       return
     self.syncer.observe_round((part.modeled_seconds or now - part.started_at) / part.steps)
     if part.kind == "main":
@@ -221,7 +222,7 @@ class Controller(Recovery, Membership, Durability):
     else:
       overlap = self.run.overlap_steps if self.run.outer.keep_training else 0
     if not (overlap and self._dispatch(learner, "overlap", overlap)) and learner.status == TRAINING:
-      learner.set_status(WAITING, now)  # (a dispatch that failed left it down, or done)
+      learner.set_status(WAITING, now)  # (a dispatch that failed left it down or failed, or done)
 
   def _send_report(self, learner: Learner, now: float) -> None:
     report = learner.report(now, self.host_sharding)
@@ -258,7 +259,7 @@ class Controller(Recovery, Membership, Durability):
 
   def _able(self) -> int:
     """Learners that can still report."""
-    return sum(l.status not in (DOWN, DONE, ABSENT) for l in self.learners)
+    return sum(l.status not in (DOWN, DONE, FAILED, ABSENT) for l in self.learners)
 
   def _grace_seconds(self) -> float:
     now, step = self.clock.now(), self.syncer.xi_step.value

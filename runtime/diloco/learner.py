@@ -31,6 +31,7 @@ PyTree = Any
 
 TRAINING, WAITING, DOWN, DONE = "training", "waiting", "down", "done"
 ABSENT = "absent"  # a learner of lent capacity while it has no slice (not yet lent, or reclaimed)
+FAILED = "failed"  # stopped for good by a program error that is no lost slice: never retried
 
 
 class Learner:
@@ -99,11 +100,14 @@ class Learner:
 
   def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False,
                schedule_at: int | None = None) -> RoundPart:
-    """Enqueues `steps` inner steps as one device program and returns at once (may raise, unless `armed`).
+    """Enqueues `steps` inner steps as one device program and returns at once (may raise: a device error unless
+    `armed`, an injected program bug always).
 
     A program `armed` to crash may fail as it is enqueued (XLA:CPU runs small programs inline when their inputs
     are ready) or later; either way its error is raised where it is awaited, so the run never depends on which.
     """
+    if self.injector is not None:
+      self.injector.check_program(self.index, now)
     main, overlap = self.run.inner_steps - self.run.overlap_steps, self.run.overlap_steps
     ahead = overlap if kind == "main" and overlap else main
     if self.leased is not None:  # this part, the one staged after it, and what the prefetcher reads ahead
@@ -115,7 +119,7 @@ class Learner:
     failure = ""
     try:
       state, metrics = self._round_program(self.state, staged.batches_HxBxT)
-    except Exception as error:  # pylint: disable=broad-except
+    except jax.errors.JaxRuntimeError as error:
       if not armed:
         raise
       state, metrics, failure = None, None, injection.describe(error)
@@ -176,7 +180,7 @@ class Learner:
 
   def deliver(self, delivery: Delivery) -> bool:
     """Keeps Θ for adoption unless the learner is down or has moved past the round it answers."""
-    if self.status in (DOWN, ABSENT) or delivery.round != self.round:
+    if self.status in (DOWN, ABSENT, FAILED) or delivery.round != self.round:
       return False
     self.inbox = delivery
     return True
@@ -229,9 +233,9 @@ class Learner:
 
   # Failure and return -----------------------------------------------------------------------------
 
-  def fail(self, now: float) -> Failure:
-    """The learner's slice failed: its future is dropped, its unreported work is lost, and it leaves
-    the slice. A round whose time is modeled is awaited first, so its device error surfaces."""
+  def fail(self, now: float, status: str = DOWN) -> Failure:
+    """The learner's slice failed (or its program, `status` FAILED): its future is dropped, its unreported work is
+    lost, and it leaves the slice. A round whose time is modeled is awaited first, so its device error surfaces."""
     detail = ""
     if self.inflight is not None and self.inflight.modeled_seconds and self.injector is not None:
       try:
@@ -243,16 +247,18 @@ class Learner:
     lost = part.tokens if part else 0
     failure = Failure(self.slice_index, detail, lost + self.tokens - self._reported_tokens, self._unreported_busy)
     self.inbox = None
-    self.set_status(DOWN, now)
+    self.set_status(status, now)
     self.slice_index = -1
     return failure
 
   def leave(self, now: float) -> Failure:
     """Its lent slice is reclaimed: its unreported work is lost as in a failure, and it leaves the run."""
-    failure = self.fail(now) if self.status != DOWN else Failure(-1, "", 0, 0.0)  # a down one's loss is booked
+    booked = self.status in (DOWN, FAILED)  # its loss is booked already
+    failure = Failure(-1, "", 0, 0.0) if booked else self.fail(now)
     self.state = None
     self.give_back_unreported()
-    self.set_status(ABSENT, now)
+    if self.status != FAILED:  # a learner stopped by a program error is never lent a slice again
+      self.set_status(ABSENT, now)
     return failure
 
   def give_back_unreported(self) -> None:
@@ -282,9 +288,9 @@ class Learner:
     """Moves to `status`, closing the timeline interval of the previous one."""
     if status == self.status == DONE:
       return
-    if status == DONE:  # a learner still down at the end stays charged with its down time; one absent is not
-      self._finished_at = (self._state_since if self.status == ABSENT else
-                           self.completions[-1][0] if self.completions and self.status != DOWN else now)
+    if status == DONE:  # a learner still down (or stopped) at the end stays charged with that time; one absent is not
+      self._finished_at = (self._state_since if self.status == ABSENT else self.completions[-1][0]
+                           if self.completions and self.status not in (DOWN, FAILED) else now)
     elif self.status == ABSENT:
       self._absent_seconds += now - self._state_since
     if now > self._state_since and self.status != DONE:
@@ -304,7 +310,7 @@ class Learner:
     """Everything that decides the learner's future; its device state is copied (the next round donates it)."""
     group = f"learner{self.index}"
     state = None
-    if self.status != DOWN and self.state is not None:
+    if self.status not in (DOWN, FAILED) and self.state is not None:
       try:
         state = _fresh_copy(self.state)
       except jax.errors.JaxRuntimeError:

@@ -1,4 +1,4 @@
-"""The controller's fault handlers: crashes, repairs and rejoins, stragglers, corrupt reports, link faults.
+"""The controller's fault handlers: crashes, program errors, repairs and rejoins, stragglers, corrupt reports, links.
 
 A mixin of `Controller` (it uses the controller's clock, learners, syncer, slice pool and run log): the
 event loop dispatches `_on_<kind>` for these fault events exactly as for the others.
@@ -6,8 +6,12 @@ event loop dispatches `_on_<kind>` for these fault events exactly as for the oth
 
 from absl import logging
 
+from runtime import multislice
 from runtime.diloco.clock import Event
-from runtime.diloco.learner import ABSENT, DONE, DOWN, Learner
+from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, Learner
+from runtime.diloco.messages import Failure
+from runtime.errors import ProgramError
+from runtime.faults import injection
 
 
 class Recovery:
@@ -31,20 +35,26 @@ class Recovery:
   def _on_learner_crash(self, event: Event) -> None:
     self.crashes.happened("learner", event.learner)
     learner = self.learners[event.learner]
-    if learner.status not in (DOWN, DONE, ABSENT):
+    if learner.status not in (DOWN, DONE, FAILED, ABSENT):
       self._crash(learner, "scheduled crash", repair=event.payload.repair if event.payload.repair >= 0 else None)
 
-  def _crash(self, learner: Learner, why: str, repair: float | None = None) -> None:
-    """Removes the learner's future, writes off its unmerged work, and arranges its return."""
-    now, m = self.clock.now(), learner.index
-    failure = learner.fail(now)
-    why += failure.detail
+  def _remove(self, learner: Learner, status: str) -> Failure:
+    """Removes the learner's future and writes off its unmerged work; it is DOWN (to return) or FAILED (for good)."""
+    m = learner.index
+    failure = learner.fail(self.clock.now(), status)
     self.crashes.fired(m)
     self._write_off(failure.unmerged_tokens)
     self.ledger.lost(failure.lost_seconds)
     if self.injector:
       self.injector.disarm(m)
     self.clock.cancel(lambda e: e.learner == m and e.kind in ("part_done", "params_arrived"))
+    return failure
+
+  def _crash(self, learner: Learner, why: str, repair: float | None = None) -> None:
+    """Removes the learner's future, writes off its unmerged work, and arranges its return."""
+    now, m = self.clock.now(), learner.index
+    failure = self._remove(learner, DOWN)
+    why += failure.detail
     self.log.fault("crash", m, now, why)
     logging.info("learner %d down at t=%.1f: %s", m, now, why)
     self.pool.crashed(failure.slice_index)
@@ -58,13 +68,44 @@ class Recovery:
         self.pool.wait(m)
     self._maybe_merge()
 
+  def _failed(self, learner: Learner, where: str, error: Exception) -> None:
+    """A learner's program raised: a lost slice is a crash (the learner comes back on another); any other error
+    is a program error, which would fail again on any slice, so the learner stops for good."""
+    if injection.slice_lost(error):
+      self._crash(learner, f"{where}: {injection.describe(error)}")
+    else:
+      self._stop(learner, f"{where}: {injection.describe(error)}", error)
+
+  def _stop(self, learner: Learner, why: str, error: Exception) -> None:
+    """Stops the learner for good: its future removed, its unmerged work written off for the others to train, its
+    slice (healthy) given to the pool, the quorum following the learners still able to report."""
+    now, m = self.clock.now(), learner.index
+    failure = self._remove(learner, FAILED)
+    self.log.fault("program_error", m, now, why)
+    hint = "" if multislice.installed() else f" (only {multislice.EXTRA} recognises real lost slices)"
+    logging.error("learner %d stopped for good at t=%.1f by a program error, which is no lost slice and is not "
+                  "retried%s: %s", m, now, hint, why)
+    if all(l.status in (FAILED, ABSENT) for l in self.learners):
+      stops = [f"learner {f['learner']} ({f['detail']})" for f in self.log.faults if f["fault"] == "program_error"]
+      raise ProgramError(f"no learner is left to train: every one stopped on a program error{hint}: "
+                         + "; ".join(stops)) from error
+    waiting = None if self._is_lent_slice(failure.slice_index) else self.pool.repaired(failure.slice_index)
+    if waiting is not None:
+      self._rejoin(self.learners[waiting], failure.slice_index)
+    self._maybe_merge()
+
   def _on_slice_repaired(self, event: Event) -> None:
-    if self._lent_slice_repaired(event.payload):
+    s = event.payload
+    if not multislice.healthy(s, self.slices[s]):  # (pathwaysutils' check; every slice is healthy without it)
+      logging.warning("slice %d failed its health check after repair: repairing it again", s)
+      self.clock.after(self.run.faults.repair_seconds, Event("slice_repaired", payload=s))
       return
-    self._schedule_slice_crash(event.payload)
-    learner = self.pool.repaired(event.payload)
+    if self._lent_slice_repaired(s):
+      return
+    self._schedule_slice_crash(s)
+    learner = self.pool.repaired(s)
     if learner is not None:
-      self._rejoin(self.learners[learner], event.payload)
+      self._rejoin(self.learners[learner], s)
 
   def _on_rejoin(self, event: Event) -> None:
     self._rejoin(self.learners[event.learner], event.payload)

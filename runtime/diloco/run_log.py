@@ -7,7 +7,7 @@ import jax
 import numpy as np
 
 from runtime.config import RunConfig
-from runtime.diloco.learner import ABSENT, DOWN, TRAINING, Learner
+from runtime.diloco.learner import ABSENT, DOWN, FAILED, TRAINING, Learner
 from runtime.diloco.ledger import Ledger, uptime
 from runtime.diloco.links import Links
 from runtime.diloco.messages import Report
@@ -18,7 +18,7 @@ from runtime.optim import inner_lr
 
 PyTree = Any
 # Fault records that count as injected faults (the rest are their consequences: rejoin, quarantine, ...).
-INJECTED = ("crash", "straggler", "corrupt", "link")
+INJECTED = ("crash", "straggler", "corrupt", "link", "program_error")
 
 
 class RunLog:
@@ -65,7 +65,8 @@ class RunLog:
         num_merged=len(result.merged), quarantined=[m for m, _ in result.quarantined],
         staleness=list(result.staleness), weights=list(result.weights), update_norm=result.update_norm,
         busy=[l.busy_fraction(now) for l in learners], bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down,
-        grace=grace, quorum=quorum, goodput=goodput, alive=sum(l.status not in (DOWN, ABSENT) for l in learners))
+        grace=grace, quorum=quorum, goodput=goodput,
+        alive=sum(l.status not in (DOWN, FAILED, ABSENT) for l in learners))
     self.merges.append(self.logger.log("merge", record))
 
   def evaluate(self, params: PyTree, version: int, now: float, stamp: dict, force: bool = False) -> None:

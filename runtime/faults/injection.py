@@ -2,7 +2,9 @@
 
 A crash is injected from inside the learner's device program: a host callback in every inner
 step raises once the step reaches the armed one, so the controller sees a genuine JAX runtime
-error, either at dispatch or when it awaits the result.
+error, either at dispatch or when it awaits the result (XLA:CPU reports every host callback's error
+as INTERNAL). A program bug is injected at dispatch, as the INVALID_ARGUMENT error a broken program
+raises there, every time: it is no lost slice.
 """
 
 from typing import Any, Sequence
@@ -13,6 +15,8 @@ from jax.experimental import io_callback
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from runtime import devices as devices_lib
+from runtime import multislice
+from runtime.faults.plan import Fault, program_bug
 
 PyTree = Any
 
@@ -22,10 +26,12 @@ class SliceCrash(RuntimeError):
 
 
 class Injector:
-  """Arms crashes inside device programs: each learner's program fails at its armed inner step."""
+  """Arms crashes inside device programs: each learner's program fails at its armed inner step; scheduled program
+  bugs fail every dispatch of their learner from their time on."""
 
-  def __init__(self, num_learners: int):
+  def __init__(self, num_learners: int, schedule: Sequence[Fault] = ()):
     self._armed = [np.iinfo(np.int64).max] * num_learners
+    self._schedule = tuple(schedule)
 
   def arm(self, learner: int, step: int | None) -> None:
     """The learner's program raises when it reaches inner step `step` (its global step count); None disarms."""
@@ -39,10 +45,17 @@ class Injector:
     if int(step) >= self._armed[learner]:
       raise SliceCrash(f"injected crash of learner {learner}'s slice at inner step {int(step)}")
 
+  def check_program(self, learner: int, now: float) -> None:
+    """Raises the learner's scheduled program bug, if one is due by `now` (called at every dispatch)."""
+    bug = program_bug(self._schedule, learner, now)
+    if bug is not None:
+      raise jax.errors.JaxRuntimeError(f"INVALID_ARGUMENT: injected program bug in learner {learner}'s round "
+                                       f"program ({bug.text}): it fails the same way at every dispatch")
 
-class RecordedFailure(RuntimeError):
+
+class RecordedFailure(jax.errors.JaxRuntimeError):
   """A program's device error, recorded where it surfaced (at dispatch, or in a checkpoint), raised where the run
-  awaits the program; it describes itself as the original error."""
+  awaits the program; it describes itself as the original error, and is classified by that description."""
 
   def __init__(self, description: str):
     super().__init__(description)
@@ -86,3 +99,10 @@ def describe(error: Exception) -> str:
     return error.description
   lines = str(error).strip().splitlines() or [""]
   return f"{type(error).__name__}: {lines[-1]}"
+
+
+def slice_lost(error: Exception) -> bool:
+  """True when the error lost the learner's slice: a crash injected here, or pathwaysutils reads it so (DATA_LOSS,
+  DEADLINE_EXCEEDED, NOT_FOUND, INTERNAL); any other error is a program error, which no other slice would cure."""
+  injected = isinstance(error, jax.errors.JaxRuntimeError) and f"{SliceCrash.__name__}: " in str(error)
+  return injected or multislice.slice_lost(error)

@@ -11,14 +11,15 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from runtime.errors import ConfigError
+from runtime.errors import ConfigError, check
 
-KINDS = ("crash", "straggler", "corrupt", "link")
+KINDS = ("crash", "straggler", "corrupt", "link", "bug")
 _FIELDS = {
     "crash": {"learner": int, "time": float, "step": int, "repair": float},
     "straggler": {"learner": int, "time": float, "duration": float, "factor": float},
     "corrupt": {"learner": int, "time": float, "how": str},
     "link": {"learner": int, "time": float, "duration": float, "mode": str},
+    "bug": {"learner": int, "time": float},  # from `time` on, every dispatch of the learner's program fails
 }
 _CHOICES = {"how": ("nan", "inf", "huge"), "mode": ("delay", "drop")}
 
@@ -45,7 +46,7 @@ class FaultConfig:
 
   # Scheduled faults, parsed from the config's ';'-separated text, e.g. "crash:learner=1,time=40;
   # straggler:learner=2,time=10,duration=50,factor=3; corrupt:learner=0,time=20,how=nan;
-  # link:learner=3,time=5,duration=20,mode=drop".
+  # link:learner=3,time=5,duration=20,mode=drop; bug:learner=1,time=40" (a program bug: stops the learner for good).
   schedule: tuple[Fault, ...] = ()
   mtbi_chip_seconds: float = 0.0  # per-chip mean time between interruptions; 0 = no random crashes
   chips_per_slice: int = 256
@@ -109,9 +110,10 @@ def crash_times(cfg: FaultConfig, slice_index: int, seed: int) -> Iterator[float
 
 def timed_events(schedule: Sequence[Fault]) -> list[tuple[float, str, int, Any]]:
   """(time, event kind, learner, payload) of each time-scheduled fault, in schedule order; a
-  straggler also ends, and a step-scheduled crash is armed at dispatch instead (see round_crash)."""
+  straggler also ends, and a step-scheduled crash is armed at dispatch instead (see round_crash), as is a bug
+  (see program_bug)."""
   events = []
-  for fault in (f for f in schedule if f.time >= 0):
+  for fault in (f for f in schedule if f.time >= 0 and f.kind != "bug"):
     if fault.kind == "crash":
       events.append((fault.time, "learner_crash", fault.learner, fault))
     elif fault.kind == "straggler":
@@ -122,6 +124,11 @@ def timed_events(schedule: Sequence[Fault]) -> list[tuple[float, str, int, Any]]
     else:
       events.append((fault.time, "link", fault.learner, (fault.time + fault.duration, fault.mode)))
   return events
+
+
+def program_bug(schedule: Sequence[Fault], learner: int, now: float) -> Fault | None:
+  """The learner's first program bug due by `now`, or None: a function of the schedule alone, so nothing to save."""
+  return next((f for f in schedule if f.kind == "bug" and f.learner == learner and f.time <= now), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,3 +220,24 @@ class CrashPlan:
     fault = self._armed.pop(learner, None)
     if fault is not None:
       self._step_crashes.remove(fault)
+
+
+def validate(run) -> None:
+  """The run's fault settings and schedule (learners, then those of lent slices; what the real clock can inject)."""
+  f = run.faults
+  for name in ("mtbi_chip_seconds", "repair_seconds", "spare_swap_seconds", "report_timeout_seconds",
+               "restart_seconds", "reconfig_seconds"):
+    check(getattr(f, name) >= 0, f"faults.{name}", getattr(f, name), "a float >= 0")
+  check(f.chips_per_slice >= 1, "faults.chips_per_slice", f.chips_per_slice, "an integer >= 1")
+  check(f.checkpoint_every >= 1, "faults.checkpoint_every", f.checkpoint_every, "an integer >= 1")
+  for fault in f.schedule:
+    check(0 <= fault.learner < run.learners + run.lent_slices, "faults.schedule", fault.text,
+          f"learner in [0, {run.learners + run.lent_slices}) (learners, then those of lent slices)")
+  if run.clock.kind == "real" and run.mode in ("decoupled", "diloco_sync"):  # refused rather than pretended
+    check(f.mtbi_chip_seconds == 0, "faults.mtbi_chip_seconds", f.mtbi_chip_seconds,
+          "0 under clock.kind='real' (random crashes need modeled time: use clock.kind='virtual')")
+    for fault in f.schedule:
+      check(fault.kind in ("corrupt", "link", "bug") or (fault.kind == "crash" and fault.step >= 0),
+            "faults.schedule", fault.text, "under clock.kind='real' only faults injected for real: "
+            "crash:learner=M,step=N (raised inside the device program), corrupt, link and bug; time-scheduled "
+            "crashes and stragglers need clock.kind='virtual'")
