@@ -93,15 +93,7 @@ class ShardIterator:
 
   def restore(self, state: dict[str, int]) -> None:
     """Makes the next batch the one at `state["position"]`; recorded settings must match."""
-    position = state.get("position")
-    if not isinstance(position, int) or isinstance(position, bool) or position < 0:
-      raise DataError(f"data state 'position' = {position!r} is invalid: allowed an integer >= 0")
-    for key, value in self._settings().items():
-      if key in state and state[key] != value:
-        raise DataError(
-            f"data state '{key}' = {state[key]!r} does not match this iterator's {value!r}; "
-            "a position only resumes the same stream under the same settings")
-    self._position = position
+    self._position = saved_position(state, self._settings())
 
   def window_ids(self, position: int) -> np.ndarray:
     """Global window ids (int64, [batch_size]) that batch `position` is made of."""
@@ -132,6 +124,18 @@ class ShardIterator:
     """The constructor settings a saved position depends on."""
     return {"batch_size": self._batch_size, "seq_len": self._seq_len,
             "num_shards": self._num_shards, "shard_index": self._shard_index, "seed": self._seed}
+
+
+def saved_position(state: dict[str, int], settings: dict[str, int]) -> int:
+  """The position of a saved data state, checked: an integer >= 0, saved under these `settings`."""
+  position = state.get("position")
+  if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+    raise DataError(f"data state 'position' = {position!r} is invalid: allowed an integer >= 0")
+  for key, value in settings.items():
+    if key in state and state[key] != value:
+      raise DataError(f"data state '{key}' = {state[key]!r} does not match this stream's {value!r}; "
+                      "a position only resumes the same stream under the same settings")
+  return position
 
 
 class _Failure:

@@ -145,13 +145,7 @@ class LeasedStream:
     return {"position": self._position, **self._settings()}
 
   def restore(self, state: dict[str, int]) -> None:
-    position = state.get("position")
-    if not isinstance(position, int) or isinstance(position, bool) or position < 0:
-      raise DataError(f"data state 'position' = {position!r} is invalid: allowed an integer >= 0")
-    for key, value in self._settings().items():
-      if key in state and state[key] != value:
-        raise DataError(f"data state '{key}' = {state[key]!r} does not match this stream's {value!r}")
-    self._position = position
+    self._position = data_lib.saved_position(state, self._settings())
 
   def snapshot(self) -> list[int]:
     """The learner's leased serials (its position is the stager's)."""

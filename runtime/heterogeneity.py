@@ -5,7 +5,6 @@ slow class; K=1 keeps everyone busy but merges worse; K=1 with the adaptive grac
 """
 
 import os
-import pathlib
 from typing import Sequence
 
 import ml_collections
@@ -66,18 +65,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, se
   title = (f"heterogeneous learners: {base.learners} learners, speeds {sorted(set(base.clock.speeds))}, jitter "
            f"{base.clock.jitter:g}, H={base.inner_steps}, τ={base.overlap_steps}, {base.token_budget:,} tokens, "
            f"seeds {list(seeds)}")
-  table = summary.summary_table(rows, COLUMNS, title=title)
-  print(table)
-  if workdir is not None:
-    out = pathlib.Path(workdir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "heterogeneity.txt").write_text(table + "\n")
-    (out / "heterogeneity.md").write_text(summary.summary_table(rows, COLUMNS, title=title, markdown=True) + "\n")
-    curves = {variant: runs[0].records for variant, runs in results.items() if variant in POLICIES}
-    if curves:
-      time_kind = next(iter(results.values()))[0].time_kind
-      summary.plot_curves(curves, out / "heterogeneity.png", x=("tokens", "time"), kinds=("eval",), time_kind=time_kind,
-                          title=f"eval loss of Θ, seed {seeds[0]}")
+  curves = {variant: runs[0].records for variant, runs in results.items() if variant in POLICIES}
+  summary.write_experiment(rows, COLUMNS, title, workdir, "heterogeneity", curves,
+                           next(iter(results.values()))[0].time_kind, f"eval loss of Θ, seed {seeds[0]}")
   return rows
 
 

@@ -6,7 +6,6 @@ data service feeds it; the syncer's quorum, grace and outer-step scale follow th
 """
 
 import os
-import pathlib
 from typing import Sequence
 
 import ml_collections
@@ -69,16 +68,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, se
   title = (f"scavenging: base M={base.learners}, lent from t={lend_at:g} s for {lend_seconds:g} s "
            f"(modeled), K={base.outer.quorum}, H={base.inner_steps}, τ={base.overlap_steps}, {base.token_budget:,} "
            f"tokens, seeds {list(seeds)}")
-  table = summary.summary_table(rows, COLUMNS, title=title)
-  print(table)
-  if workdir is not None:
-    out = pathlib.Path(workdir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scavenging.txt").write_text(table + "\n")
-    (out / "scavenging.md").write_text(summary.summary_table(rows, COLUMNS, title=title, markdown=True) + "\n")
-    curves = {name: runs[0].records for name, runs in results.items()}
-    summary.plot_curves(curves, out / "scavenging.png", x=("tokens", "time"), kinds=("eval",), time_kind="modeled",
-                        title=f"eval loss of Θ, seed {seeds[0]}")
+  curves = {name: runs[0].records for name, runs in results.items()}
+  summary.write_experiment(rows, COLUMNS, title, workdir, "scavenging", curves, "modeled",
+                           f"eval loss of Θ, seed {seeds[0]}")
   return rows
 
 

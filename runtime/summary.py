@@ -115,6 +115,22 @@ def _save(figure: Figure, path: str | os.PathLike) -> pathlib.Path:
   return path
 
 
+def write_experiment(rows: list[dict], columns: Sequence[str], title: str, workdir: str | os.PathLike | None,
+                     name: str, curves: dict[str, list], time_kind: str, plot_title: str) -> None:
+  """Prints an experiment's table; with a workdir also writes <name>.txt / .md and <name>.png (eval loss)."""
+  table = summary_table(rows, columns, title=title)
+  print(table)
+  if workdir is None:
+    return
+  out = pathlib.Path(workdir)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / f"{name}.txt").write_text(table + "\n")
+  (out / f"{name}.md").write_text(summary_table(rows, columns, title=title, markdown=True) + "\n")
+  if curves:
+    plot_curves(curves, out / f"{name}.png", x=("tokens", "time"), kinds=("eval",), time_kind=time_kind,
+                title=plot_title)
+
+
 def plot_curves(runs: Mapping[str, Sequence[Mapping[str, object]]], path: str | os.PathLike,
                 **options: Any) -> pathlib.Path:
   """Writes `curves_figure(runs, **options)` as a PNG at `path`."""
