@@ -34,13 +34,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.repair_s = 600.0
   # Seconds per training step; lost work is counted in whole steps.
   config.step_s = 1.0
-  # Seconds a non-elastic data-parallel job is down per interruption (swap in a spare slice,
-  # reschedule, restore the in-memory checkpoint, recompile).
+  # Seconds a non-elastic data-parallel job (or a restarting learner) is down per interruption (swap in
+  # a spare slice, reschedule, restore the in-memory checkpoint, recompile).
   # Calibrated (--config.calibrate=True) on data-parallel @ 600k chips = 38%.
-  config.restart_s = 83.65
-  # Seconds an elastic job or one learner is down per interruption (drop the slice, re-shard,
-  # rejoin). Calibrated (--config.calibrate=True) on elastic data-parallel @ 600k chips = 69%.
-  config.reconfig_s = 22.58
+  config.restart_s = 84.02
+  # Seconds an elastic job or a reconfiguring learner is down to drop a failed slice (re-shard), and
+  # again to re-add it after repair. Calibrated (--config.calibrate=True) on elastic data-parallel
+  # @ 600k chips = 69%.
+  config.reconfig_s = 11.30
   # Data-parallel checkpoints (in memory) every this many steps and rolls back to the last one.
   # The paper's 18% at 2.4M chips (cluster MTBF 13 s) is only reachable with near per-step saves.
   config.checkpoint_every_steps = 1
@@ -51,8 +52,22 @@ def get_config() -> ml_collections.ConfigDict:
   # last sync. Default "reconfigure": the paper's rule of thumb (M learners on N chips = elastic
   # data-parallel on N/M chips) needs a learner to cost what an elastic reconfiguration costs.
   config.learner_recovery = "reconfigure"
+  # Hot spare slices of data-parallel and of restarting learners, as a fraction of the job's slices
+  # (rounded up); they are allocated, so they count in the goodput denominator. With none free a failed
+  # slice waits for a spare or its own repair. 1% covers the slices in repair at 600 s repair but the
+  # rarest bursts at 150k chips (~3 in repair on average, 6 spares).
+  config.spare_fraction = 0.01
+  # Seconds a learner is blocked per round beyond its steps: the transfer the τ overlap does not hide
+  # plus the grace window's wait beyond the idle slack. 0: the paper's τ = 2 hides the transfer and its
+  # grace window only uses idle slack.
+  config.round_wait_s = 0.0
+  # Days between failures of the syncer (CPU hosts); 0 = it never fails. It is back syncer_restart_s
+  # later from its checkpoint (written after every merge); meanwhile learners finish their round and wait.
+  config.syncer_mtbi_days = 30.0
+  config.syncer_restart_s = 300.0
   # Per-step slice speed jitter: a step takes step_s · (1 + jitter·|z|) on each slice and a
-  # synchronous group (the job, or one learner) waits for its slowest slice.
+  # synchronous group (the job, or one learner's slices) waits for its slowest slice; that wait is
+  # lost goodput, a slower step is not (learners with K = 1 do not wait for each other).
   config.speed_jitter = 0.0
   # Simulated days per seed.
   config.horizon_days = 7.0
