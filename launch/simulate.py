@@ -21,6 +21,7 @@ _TRACE_SEED = flags.DEFINE_integer("trace_seed", 0, "The trace's seed index, as 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   config = cli.guarded(lambda: sim_config.from_config_dict(_CONFIG.value))
+  cli.keep_freed_memory()
   if _TRACE.value:
     print(cli.guarded(lambda: trace.export(config, _TRACE_SETUP.value, _TRACE_CHIPS.value, _TRACE_SEED.value,
                                            _TRACE.value)))

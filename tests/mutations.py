@@ -102,7 +102,8 @@ MUTATIONS = {
         "runtime/sim/model.py",
         "    in_repair_s = (back_at - fail) - idle.measure(origin[unit] + fail, origin[unit] + back_at)",
         "    in_repair_s = back_at - fail",
-        "tests/test_cluster_sim.py::test_elastic_drop_repair_and_rejoin_cost_exactly_two_reconfigurations_and_the_slices_repair"),
+        "tests/test_cluster_sim.py::"
+        "test_elastic_drop_repair_and_rejoin_cost_exactly_two_reconfigurations_and_the_slices_repair"),
     "sim_checkpoint_phase_not_reset_by_a_restart": (
         "runtime/sim/model.py", "  resume = np.where(same_unit, np.append(0.0, down_to[:-1]), 0.0)",
         "  resume = np.zeros(down_unit.size)",

@@ -303,3 +303,6 @@ def test_command_writes_the_trace_it_simulates(tmp_path):
   assert replayed.slices == 8 and replayed.setup == _decoupled(2)
   config = _config(mtbi_years=0.01, horizon_days=1.0, seeds=2)
   assert model.evaluate(config, replayed)[0] == model.simulate(config, _decoupled(2), 2048).goodput[1]
+  bad = subprocess.run(command[:-3] + ["--trace_setup=Decoupled M=3"], cwd=_REPO, capture_output=True, text=True,
+                       timeout=120)
+  assert bad.returncode == 2 and "--trace_setup=Decoupled M=3" in bad.stderr

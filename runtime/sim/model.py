@@ -138,20 +138,23 @@ def evaluate(config: ClusterSimConfig, trace: FailureTrace) -> tuple[float, floa
                       event_unit[out] * span + horizon)
   down = IntervalUnion(np.concatenate([down_unit * span + down_from, out_from]),
                        np.concatenate([down_unit * span + down_to, out_to]))
-  stall_from, stall_to = below_quorum(down, span, units, config.quorum if decoupled else 1)
+  stall_from, stall_to = below_quorum(down, span, units, min(config.quorum, units) if decoupled else 1)
   syncer = np.minimum(trace.syncer_failures, horizon)
   stalls = IntervalUnion(np.concatenate([stall_from, syncer[:, 0]]), np.concatenate([stall_to, syncer[:, 1]]))
+  idle = down  # and, in a stall, up learners wait once they have finished their round
   idle_from, idle_to = _stall_idle(down, stalls, span, units, round_s) if decoupled else (np.zeros(0),) * 2
-  idle = IntervalUnion(np.concatenate([down.starts, idle_from]), np.concatenate([down.ends, idle_to]))
+  if idle_from.size:
+    idle = IntervalUnion(np.concatenate([down.starts, idle_from]), np.concatenate([down.ends, idle_to]))
 
   origin = np.arange(units) * span
   busy = horizon - idle.measure(origin, origin + horizon)
   # Work since the save point is lost; the save points restart when the unit comes back.
   same_unit = np.append(False, down_unit[1:] == down_unit[:-1])
-  resume = np.where(same_unit, np.append(0.0, down_to[:-1]), 0.0)
+  resume = np.where(same_unit, np.append(0.0, down_to[:-1]), 0.0)[loses]
+  down_unit, down_from = down_unit[loses], down_from[loses]
   at = origin[down_unit]
   progress = (down_from - resume) - idle.measure(at + resume, at + down_from)
-  lost = np.bincount(down_unit, np.where(loses, np.mod(np.maximum(progress, 0.0), save_s), 0.0), minlength=units)
+  lost = np.bincount(down_unit, np.mod(np.maximum(progress, 0.0), save_s), minlength=units)
   useful = per_learner * trace.slice_chips * (busy - lost)
   if not restart:  # chips of a slice in repair idle, except while their unit idles anyway
     back_at = np.minimum(repaired, horizon)

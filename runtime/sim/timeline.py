@@ -5,23 +5,28 @@ import numpy as np
 
 def downtime_starts(keys: np.ndarray, ends: np.ndarray) -> np.ndarray:
   """Indices of the sorted events that start a downtime; event i's downtime would end at ends[i]."""
-  # Exact in O(n) memory: an event at or after every earlier end is a start whatever came before, and
-  # the starts after it are the path of `following` from it; each round marks the points 2**r further
-  # along every marked path (pointer doubling), so the rounds grow with the log of the longest run of
+  # Exact in O(n) memory. An event at or after every earlier end (a head) is a start whatever came
+  # before; the starts after a head, up to the next, are the path of `following` from it. Only events
+  # whose downtime reaches the next event need that path: pointer doubling marks the points 2**r
+  # further along every marked path, so the rounds grow with the log of the longest run of
   # overlapping downtimes, not with the number of events.
   n = keys.size
-  if n == 0:
-    return np.zeros(0, np.int64)
-  following = np.maximum(np.searchsorted(keys, ends, side="left"), np.arange(1, n + 1))
   head = np.ones(n, bool)
   head[1:] = keys[1:] >= np.maximum.accumulate(ends)[:-1]
-  marked = np.append(head, True)  # index n means past the end: marked so that it never counts as new
-  jump = np.append(following, n)
+  segment = np.cumsum(head) - 1  # a head and the events up to the next head
+  busy = np.zeros(segment[-1] + 1 if n else 0, bool)
+  busy[segment[~head]] = True  # segments where some event falls inside an earlier downtime
+  part = np.flatnonzero(busy[segment])
+  keys, ends, m = keys[part], ends[part], part.size
+  following = np.maximum(np.searchsorted(keys, ends, side="left"), np.arange(1, m + 1))
+  marked = np.append(head[part], True)  # index m is past the end: marked so that it never counts as new
+  jump = np.append(following, m)
   while True:
     targets = jump[np.flatnonzero(marked)]
     fresh = targets[~marked[targets]]
     if not fresh.size:
-      return np.flatnonzero(marked[:n])
+      head[part] = marked[:m]
+      return np.flatnonzero(head)
     marked[fresh] = True
     jump = jump[jump]
 
@@ -30,11 +35,12 @@ class IntervalUnion:
   """A union of intervals on one timeline, measured between any two points."""
 
   def __init__(self, starts: np.ndarray, ends: np.ndarray):
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
-    keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
-    if starts.size:
+    if np.any(starts[1:] < starts[:-1]):
+      order = np.argsort(starts, kind="stable")
+      starts, ends = starts[order], ends[order]
+    if np.any(starts[1:] <= ends[:-1]) or np.any(ends < starts):  # else already disjoint: keep them
+      keep = ends > starts
+      starts, ends = starts[keep], ends[keep]
       reach = np.maximum.accumulate(ends)
       head = np.ones(starts.size, bool)
       head[1:] = starts[1:] > reach[:-1]
@@ -56,9 +62,28 @@ class IntervalUnion:
     return self._measure_before(hi) - self._measure_before(lo)
 
 
+def _intersect(a_from: np.ndarray, a_to: np.ndarray, b_from: np.ndarray, b_to: np.ndarray):
+  """The intersection of two sorted lists of disjoint intervals, as (starts, ends)."""
+  lo = np.searchsorted(b_to, a_from, side="right")
+  hi = np.searchsorted(b_from, a_to, side="left")
+  counts = np.maximum(hi - lo, 0)  # a's interval i meets b's intervals lo[i] .. hi[i] - 1
+  a = np.repeat(np.arange(a_from.size), counts)
+  b = np.arange(a.size) + np.repeat(lo - np.cumsum(counts) + counts, counts)
+  starts, ends = np.maximum(a_from[a], b_from[b]), np.minimum(a_to[a], b_to[b])
+  keep = ends > starts
+  return starts[keep], ends[keep]
+
+
 def below_quorum(down: IntervalUnion, span: float, units: int, quorum: int) -> tuple[np.ndarray, np.ndarray]:
   """Intervals (unit 0's time) when fewer than `quorum` of `units` are up; unit u's downtimes lie at u·span."""
-  unit = np.floor(down.starts / span)
+  unit = np.floor(down.starts / span).astype(np.int64)
+  if quorum == 1:  # every unit down: intersect them one by one (the intersection shrinks fast)
+    bounds = np.searchsorted(unit, np.arange(units + 1))
+    starts, ends = down.starts[:bounds[1]], down.ends[:bounds[1]]
+    for u in range(1, units):
+      part = slice(bounds[u], bounds[u + 1])
+      starts, ends = _intersect(starts, ends, down.starts[part] - u * span, down.ends[part] - u * span)
+    return starts, ends
   time = np.concatenate([down.starts - unit * span, down.ends - unit * span])
   change = np.concatenate([np.full(down.starts.size, -1), np.full(down.ends.size, 1)])
   order = np.argsort(time, kind="stable")

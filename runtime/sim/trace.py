@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from runtime.errors import ConfigError, check
+from runtime.errors import ConfigError, UsageError, check
 from runtime.sim.config import SETUP_KINDS, ClusterSimConfig, Setup, setups
 from runtime.sim.timeline import downtime_starts
 
@@ -164,11 +164,15 @@ def from_json(text: str) -> FailureTrace:
 def export(config: ClusterSimConfig, setup_name: str, chips: int, seed_index: int, path: str) -> str:
   """Draws the trace of one setup, chip count and seed (as simulate() does), writes its JSON to path."""
   by_name = {setup.name: setup for setup in setups(config)}
-  check(setup_name in by_name, "trace_setup", setup_name, f"one of {sorted(by_name)}")
+  learners = by_name[setup_name].learners if setup_name in by_name else 1
+  for flag, value, ok, allowed in (
+      ("--trace_setup", setup_name, setup_name in by_name, f"one of {sorted(by_name)}"),
+      ("--trace_chips", chips, chips >= learners * config.slice_chips,
+       f"at least learners · slice_chips = {learners * config.slice_chips}"),
+      ("--trace_seed", seed_index, 0 <= seed_index < config.seeds, f"a seed index in [0, seeds = {config.seeds})")):
+    if not ok:
+      raise UsageError(f"{flag}={value}: allowed {allowed}")
   setup = by_name[setup_name]
-  check(chips >= setup.learners * config.slice_chips, "trace_chips", chips,
-        f"at least learners · slice_chips = {setup.learners * config.slice_chips}")
-  check(0 <= seed_index < config.seeds, "trace_seed", seed_index, f"a seed index in [0, seeds = {config.seeds})")
   trace = draw(config, setup, chips, seed_index)
   with open(path, "w", encoding="utf-8") as file:
     file.write(to_json(trace))
