@@ -5,7 +5,7 @@ Command (from the repository root):
 Shows: the paper's Table 1 (one interruption per chip-year) beside ours, cell by cell as
   "ours ± 95% CI over seeds | paper | ours - paper", then our uptime; writes goodput.png.
 Expected runtime: about 3 s of CPU (30 cells, 5 seeds of a simulated week each); one simulated year at
-  2.4M chips (--config.horizon_days=365 --config.chips='(2400000,)') about 40 s of CPU and 1.1 GB.
+  2.4M chips (--config.horizon_days=365 --config.chips='(2400000,)') about 42 s of CPU and 1.1 GB.
 Expected result: the two calibration cells (*) match by construction; 21 of the 28 predicted cells are
   within ±3 points. The 7 misses (!) are data-parallel at 150k (-3.2), data-parallel and elastic
   data-parallel at 1.2M and 2.4M (3.2 to 5.2 points low: the paper's cost per interruption shrinks with

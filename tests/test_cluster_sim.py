@@ -180,6 +180,12 @@ def test_jitter_costs_a_synchronous_group_its_wait_for_the_slowest_slice_and_lon
   np.testing.assert_array_equal(model.simulate(config, _decoupled(16), 16 * 256).goodput, 1.0)
 
 
+def test_a_learner_blocked_each_round_keeps_steps_over_steps_plus_the_wait():
+  config = _config(mtbi_years=1e9, syncer_mtbi_days=0.0, round_wait_s=6.0, sync_every_steps=24, learners=(4,))
+  np.testing.assert_allclose(model.simulate(config, _decoupled(4), 4096).goodput, 24.0 / 30.0, rtol=1e-12)
+  np.testing.assert_array_equal(model.simulate(config, _ELASTIC, 4096).goodput, 1.0)
+
+
 def test_expected_max_of_abs_normals_matches_closed_forms():
   assert model.expected_max_abs_normal(1) == pytest.approx(math.sqrt(2 / math.pi))
   assert model.expected_max_abs_normal(2) == pytest.approx(2 / math.sqrt(math.pi), rel=1e-6)

@@ -152,8 +152,10 @@ def evaluate(config: ClusterSimConfig, trace: FailureTrace) -> tuple[float, floa
   same_unit = np.append(False, down_unit[1:] == down_unit[:-1])
   resume = np.where(same_unit, np.append(0.0, down_to[:-1]), 0.0)[loses]
   down_unit, down_from = down_unit[loses], down_from[loses]
-  at = origin[down_unit]
-  progress = (down_from - resume) - idle.measure(at + resume, at + down_from)
+  progress = down_from - resume
+  if out_from.size or idle_from.size:  # idle besides the downtimes (which end in order) lies between two
+    at = origin[down_unit]
+    progress -= idle.measure(at + resume, at + down_from)
   lost = np.bincount(down_unit, np.mod(np.maximum(progress, 0.0), save_s), minlength=units)
   useful = per_learner * trace.slice_chips * (busy - lost)
   if not restart:  # chips of a slice in repair idle, except while their unit idles anyway

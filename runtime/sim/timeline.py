@@ -6,29 +6,22 @@ import numpy as np
 def downtime_starts(keys: np.ndarray, ends: np.ndarray) -> np.ndarray:
   """Indices of the sorted events that start a downtime; event i's downtime would end at ends[i]."""
   # Exact in O(n) memory. An event at or after every earlier end (a head) is a start whatever came
-  # before; the starts after a head, up to the next, are the path of `following` from it. Only events
-  # whose downtime reaches the next event need that path: pointer doubling marks the points 2**r
-  # further along every marked path, so the rounds grow with the log of the longest run of
-  # overlapping downtimes, not with the number of events.
+  # before. Between two heads the starts are the path of "the first event at or after my end" from the
+  # first: all such paths advance together, one start per step, so the steps number the most starts
+  # between two heads and the searches only the starts.
   n = keys.size
-  head = np.ones(n, bool)
-  head[1:] = keys[1:] >= np.maximum.accumulate(ends)[:-1]
-  segment = np.cumsum(head) - 1  # a head and the events up to the next head
-  busy = np.zeros(segment[-1] + 1 if n else 0, bool)
-  busy[segment[~head]] = True  # segments where some event falls inside an earlier downtime
-  part = np.flatnonzero(busy[segment])
-  keys, ends, m = keys[part], ends[part], part.size
-  following = np.maximum(np.searchsorted(keys, ends, side="left"), np.arange(1, m + 1))
-  marked = np.append(head[part], True)  # index m is past the end: marked so that it never counts as new
-  jump = np.append(following, m)
-  while True:
-    targets = jump[np.flatnonzero(marked)]
-    fresh = targets[~marked[targets]]
-    if not fresh.size:
-      head[part] = marked[:m]
-      return np.flatnonzero(head)
-    marked[fresh] = True
-    jump = jump[jump]
+  start = np.ones(n, bool)
+  start[1:] = keys[1:] >= np.maximum.accumulate(ends)[:-1]
+  heads = np.flatnonzero(start)
+  stop = np.append(heads[1:], n)  # each path ends at the next head
+  longer = stop > heads + 1  # only heads followed by events inside their downtime have a path to walk
+  current, stop = heads[longer], stop[longer]
+  while current.size:
+    following = np.maximum(np.searchsorted(keys, ends[current], side="left"), current + 1)
+    going = following < stop
+    current, stop = following[going], stop[going]
+    start[current] = True
+  return np.flatnonzero(start)
 
 
 class IntervalUnion:
