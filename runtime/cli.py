@@ -8,6 +8,7 @@ traceback.
 """
 
 import contextlib
+import ctypes
 import difflib
 import importlib
 import importlib.util
@@ -199,6 +200,17 @@ def _module_name(program: str) -> str:
 def run(main: Callable[[list[str]], None]) -> None:
   """`absl.app.run(main)` with this module's flag parsing."""
   app.run(main, flags_parser=parse_flags)
+
+
+def keep_freed_memory() -> None:
+  """Large NumPy temporaries reuse freed heap memory instead of fresh pages (glibc only; else nothing)."""
+  # Each fresh mmap'd array page-faults on first touch: 30% of the goodput simulator's CPU time at 2.4M chips.
+  try:
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-4, 0)  # M_MMAP_MAX: no mmap'd chunks, so freed arrays stay in the heap
+    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD (a C int): do not hand the heap's top back to the kernel
+  except (OSError, AttributeError):
+    pass
 
 
 def config_file() -> str:

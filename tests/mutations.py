@@ -98,6 +98,21 @@ MUTATIONS = {
         "runtime/diloco/controller.py", "l.status not in (DOWN, DONE, FAILED)", "l.status not in (DOWN, DONE)",
         "tests/test_program_errors.py::"
         "test_a_program_error_at_dispatch_or_when_awaited_stops_its_learner_once_and_the_others_reach_the_budget"),
+    "sim_repair_overlaps_idle_counted_twice": (
+        "runtime/sim/model.py",
+        "    in_repair_s = (back_at - fail) - idle.measure(origin[unit] + fail, origin[unit] + back_at)",
+        "    in_repair_s = back_at - fail",
+        "tests/test_cluster_sim.py::"
+        "test_elastic_drop_repair_and_rejoin_cost_exactly_two_reconfigurations_and_the_slices_repair"),
+    "sim_checkpoint_phase_not_reset_by_a_restart": (
+        "runtime/sim/model.py", "  resume = np.where(same_unit, np.append(0.0, down_to[:-1]), 0.0)",
+        "  resume = np.zeros(down_unit.size)",
+        "tests/test_cluster_sim.py::test_data_parallel_restarts_its_checkpoint_phase_when_the_job_comes_back"),
+    "sim_jitter_multiplier_dropped": (
+        "runtime/sim/model.py", "  goodput = efficiency * rounds * float(useful.sum()) / allocated",
+        "  goodput = rounds * float(useful.sum()) / allocated",
+        "tests/test_cluster_sim.py::"
+        "test_jitter_costs_a_synchronous_group_its_wait_for_the_slowest_slice_and_lone_slices_nothing"),
 }
 
 

@@ -64,7 +64,8 @@ def test_the_controller_assigns_no_attribute_of_another_object(path):
 
 
 @pytest.mark.parametrize("package,allowed", [
-    ("runtime/sim", {"runtime.errors", "runtime.sim.config", "runtime.sim.model"}),  # NumPy only, no JAX
+    ("runtime/sim", {"runtime.errors", "runtime.sim.config", "runtime.sim.model", "runtime.sim.timeline",
+                      "runtime.sim.trace"}),  # NumPy only, no JAX
     ("runtime/faults/plan.py", {"runtime.errors"}),  # pure bookkeeping, parsed at the config boundary
     ("runtime/slice_pool.py", set()),
 ])

@@ -50,6 +50,10 @@ class ClusterSimConfig:
   checkpoint_every_steps: int
   sync_every_steps: int
   learner_recovery: str
+  spare_fraction: float
+  round_wait_s: float
+  syncer_mtbi_days: float
+  syncer_restart_s: float
   speed_jitter: float
   horizon_days: float
   seeds: int
@@ -104,12 +108,16 @@ def from_config_dict(config: ml_collections.ConfigDict) -> ClusterSimConfig:
   number = {f: _number(f, config[f], 0.0, strict=True)
             for f in ("mtbi_years", "step_s", "horizon_days")}
   number |= {f: _number(f, config[f], 0.0, strict=False)
-             for f in ("repair_s", "restart_s", "reconfig_s", "speed_jitter")}
+             for f in ("repair_s", "restart_s", "reconfig_s", "speed_jitter", "spare_fraction",
+                       "round_wait_s", "syncer_mtbi_days", "syncer_restart_s")}
   for field in ("slice_chips", "checkpoint_every_steps", "sync_every_steps", "seeds"):
     check(_is_int(config[field], 1), field, config[field], "an int >= 1")
   check(_is_int(config.seed, 0), "seed", config.seed, "an int >= 0")
   check(_is_int(config.quorum, 1) and config.quorum <= min(learners), "quorum", config.quorum,
          f"an int in [1, min(learners) = {min(learners)}]")
+  smallest = min(chips) / max(learners)
+  check(smallest >= config.slice_chips, "learners", config.learners,
+        f"at most min(chips) / slice_chips = {min(chips) / config.slice_chips:g} learners (one slice each)")
   check(config.learner_recovery in LEARNER_RECOVERIES, "learner_recovery",
          config.learner_recovery, f"one of {LEARNER_RECOVERIES}")
   check(isinstance(config.calibrate, bool), "calibrate", config.calibrate, "True or False")

@@ -89,7 +89,8 @@ def format_table(config: ClusterSimConfig, results: list[CellResult]) -> str:
       f"chip MTBI {config.mtbi_years:g} y, slice {config.slice_chips} chips, repair "
       f"{config.repair_s:g} s, step {config.step_s:g} s, restart {config.restart_s:.1f} s, "
       f"reconfiguration {config.reconfig_s:.1f} s, learner recovery '{config.learner_recovery}', "
-      f"quorum K={config.quorum}.",
+      f"quorum K={config.quorum}, spares {config.spare_fraction:g} of the slices, syncer MTBI "
+      f"{config.syncer_mtbi_days:g} d.",
       header]
   predicted, misses = 0, []
   for setup in setups(config):
