@@ -187,6 +187,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.faults.schedule = ""
   # Random crashes: per-chip mean time between interruptions, modeled seconds (0 = none).
   config.faults.mtbi_chip_seconds = 0.0
+  # A recorded failure trace to replay instead of random crashes: the JSON of `python -m launch.simulate
+  # --trace=PATH` (per slice: when it failed and when its repair ended); the run's slices beyond the trace's are
+  # spares that never fail. "" = none.
+  config.faults.trace = ""
   # Chips per slice: a slice fails chips_per_slice times as often as one chip.
   config.faults.chips_per_slice = 256
   # A crashed slice is repaired after this many modeled seconds.

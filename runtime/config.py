@@ -13,7 +13,7 @@ from models.config import ModelConfig
 from runtime import capacity as capacity_lib
 from runtime.data import SHARD_LAYOUTS
 from runtime.errors import ConfigError, check
-from runtime.faults import plan as fault_plan
+from runtime.faults import plan as fault_plan, replay as fault_replay
 from runtime.faults.plan import FaultConfig, parse_schedule
 
 MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
@@ -384,6 +384,6 @@ def validate(run: RunConfig) -> None:
   check(o.max_delta_norm > 0, "outer.max_delta_norm", o.max_delta_norm, "a float > 0")
   check(o.max_update_ratio > 0, "outer.max_update_ratio", o.max_update_ratio, "a float > 0")
   check(o.divergence_merges >= 1, "outer.divergence_merges", o.divergence_merges, "an integer >= 1")
-  fault_plan.validate(run)
+  fault_plan.validate(run), fault_replay.validate(run)
   check(c.latency_s >= 0 and c.merge_seconds >= 0, "clock.latency_s/clock.merge_seconds",
          (c.latency_s, c.merge_seconds), "floats >= 0")

@@ -104,6 +104,7 @@ def test_quorum_one_keeps_fast_learners_busy_while_quorum_all_idles_them(tiny_co
   assert asynchronous.extras["learners_per_merge"] < synchronous.extras["learners_per_merge"] == 4
 
 
+@pytest.mark.slow  # ~35 s: two runs of 4 learners
 def test_grace_window_merges_more_learners_without_lowering_busy_fraction(tiny_config):
   tiny_config.clock.jitter = 0.3
   tiny_config.inner_steps = 6

@@ -46,7 +46,7 @@ def test_dp_loss_falls_on_the_real_corpus_and_writes_metrics(tiny_config, tmp_pa
 @pytest.fixture
 def one_crash(tiny_config, monkeypatch):
   """Four slices, 1 s steps; slice 1 alone fails, once, at t=5.5 (during step 6), and is back at 10.5."""
-  monkeypatch.setattr(plan, "crash_times", lambda cfg, s, seed: iter([5.5] if s == 1 else []))
+  monkeypatch.setattr(plan, "crash_times", lambda cfg, s, seed: iter([(5.5, cfg.repair_seconds)] if s == 1 else []))
   tiny_config.total_steps = 24
   tiny_config.faults.repair_seconds = 5.0
   tiny_config.faults.reconfig_seconds = 8.0
@@ -77,7 +77,7 @@ def test_dp_without_elasticity_restarts_from_its_checkpoint(one_crash):
 
 def test_dp_restart_restores_its_checkpoint_from_disk_and_ends_as_if_never_crashed(one_crash, tmp_path, monkeypatch):
   # Slice 1 fails at 12.5 (during step 13): the job restarts from the step-10 checkpoint, written by orbax.
-  monkeypatch.setattr(plan, "crash_times", lambda cfg, s, seed: iter([12.5] if s == 1 else []))
+  monkeypatch.setattr(plan, "crash_times", lambda cfg, s, seed: iter([(12.5, cfg.repair_seconds)] if s == 1 else []))
   one_crash.mode = "dp_restart"
   crashed = _run(one_crash, tmp_path)
   assert crashed.extras["restores"] == 1 and crashed.extras["checkpoint_saves"] == 3  # steps 0, 10, 20

@@ -164,7 +164,7 @@ def test_crash_that_surfaces_at_dispatch_is_handled(four_learners, monkeypatch):
   _assert_no_token_skipped_or_repeated(result, controller.run.token_budget)
 
 
-@pytest.mark.parametrize("how", ["nan", "huge"])
+@pytest.mark.parametrize("how", ["nan", pytest.param("huge", marks=pytest.mark.slow)])
 def test_corrupt_report_is_quarantined_and_never_reaches_theta(four_learners, how):
   budget = modes.prepare(four_learners).token_budget
   four_learners.clock.speeds = (1.0, 1.1, 1.2, 1.3)  # one report per merge, so the quarantine is isolated
@@ -191,7 +191,7 @@ def test_report_quarantined_after_its_learner_crashed_is_trained_again(four_lear
   _assert_no_token_skipped_or_repeated(result, budget)
 
 
-@pytest.mark.parametrize("mode", ["delay", "drop"])
+@pytest.mark.parametrize("mode", [pytest.param("delay", marks=pytest.mark.slow), "drop"])
 def test_link_loss_delays_or_loses_reports_without_losing_tokens(four_learners, mode):
   budget = modes.prepare(four_learners).token_budget
   result = _faulty(four_learners, f"link:learner=3,time=3,duration=6,mode={mode}", report_timeout_seconds=4.0)

@@ -46,6 +46,7 @@ def test_lent_learners_join_from_theta_train_and_leave_and_no_window_is_lost_or_
   assert 0 < result.extras["goodput"] < 1 and np.isfinite(result.final_eval_loss)
 
 
+@pytest.mark.slow  # ~20 s; the scavenging experiment measures it
 def test_lent_capacity_reaches_the_budget_sooner_at_equal_tokens(elastic):
   elastic.faults.schedule = ""
   elastic.num_devices, elastic.capacity.schedule = 2, ""  # one device per slice in both runs

@@ -1,6 +1,7 @@
 """The real (wall-time) clock: the same controller, completions taken in the order they really happen."""
 
 import numpy as np
+import pytest
 
 from runtime import modes
 from runtime.diloco.controller import Controller
@@ -46,6 +47,7 @@ def test_real_clock_survives_a_crash_raised_inside_the_device_program(tiny_confi
   assert np.isfinite(result.final_eval_loss)
 
 
+@pytest.mark.slow  # timed on real wall clocks (noisy on a shared box); ~40 s
 def test_evaluating_after_every_merge_does_not_idle_the_learners(tiny_config):
   # Regression: the controller evaluated Θ itself after merges, and every learner whose round ended
   # meanwhile waited for it. Learners here never wait for Θ (they keep training until it arrives), so only

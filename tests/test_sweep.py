@@ -54,6 +54,7 @@ def test_point_values_take_the_fields_types_and_bad_ones_name_the_field():
     sweep.point_config(config, sweep.parse("outer.quorom=1")[0])
 
 
+@pytest.mark.slow  # ~20 s of subprocesses
 def test_a_two_by_two_sweep_writes_one_table_and_plot_and_a_second_invocation_skips_finished_points(tmp_path):
   args = ["--config=smoke", "--sweep=outer.quorum=1,2;outer.lr=0.5,0.7", f"--workdir={tmp_path}", "--parallel=2",
           *FAST]

@@ -24,7 +24,7 @@ from runtime import devices as devices_lib
 from runtime.checkpoint import Checkpoints
 from runtime.config import RunConfig
 from runtime.experiment import Experiment, RunResult, Stopwatch, make_logger
-from runtime.faults import plan
+from runtime.faults import replay
 from runtime.optim import inner_lr, inner_optimizer
 from runtime.programs import init_state, make_train_step
 
@@ -56,13 +56,12 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
   f = run.faults
   slices = devices_lib.make_slices(devices_lib.controller_devices(run.num_devices), run.num_slices)
   active = run.learners  # slices the job trains on; the rest are hot spares
-  spares = len(slices) - active
   programs = _Programs(run, slices)
   per_slice = run.data.batch_size // run.learners
   streams = [exp.shard(s, active, per_slice) for s in range(active)]
   tokens_per_slice_step = per_slice * run.data.seq_len
-  traces = [plan.crash_times(f, s, run.seed) for s in range(len(slices))]
-  next_crash = [next(tr, float("inf")) for tr in traces]
+  traces = [replay.slice_failures(f, s, run.seed) for s in range(len(slices))]
+  failures_ahead = [next(tr, (float("inf"), 0.0)) for tr in traces]  # each slice's next (time, repair seconds)
   down_until = [0.0] * len(slices)
   step_s = run.clock.step_seconds * max(run.clock.speeds or (1.0,))
 
@@ -90,10 +89,12 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
     while tokens < run.token_budget and t < give_up_at:
       healthy = tuple(s for s in range(active) if down_until[s] <= t)
       if not elastic and len(healthy) < active:
-        if spares == 0:
-          t = max(t, min(down_until[s] for s in range(active) if down_until[s] > t))  # idle until repaired
+        down = sorted(down_until[s] for s in range(active) if down_until[s] > t)
+        free = sum(down_until[s] <= t for s in range(active, len(slices)))  # healthy spares
+        if len(down) > free:
+          t = max(t, down[len(down) - free - 1])  # idle until enough slices are repaired for the spares to cover
           continue
-        healthy = full  # a hot spare stands in
+        healthy = full  # hot spares stand in
       if elastic and healthy != alive:
         if healthy:
           t += f.reconfig_seconds
@@ -103,12 +104,12 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
         alive = healthy
         mesh, state_sh, step_fn = programs.get(alive)
         state = jax.device_put(state, state_sh)
-      crash_s = int(np.argmin(next_crash))
-      if next_crash[crash_s] < t + step_s:  # a slice fails before this step completes
+      crash_s = int(np.argmin([at for at, _ in failures_ahead]))
+      if failures_ahead[crash_s][0] < t + step_s:  # a slice fails before this step completes
         failures += 1
-        t = max(t, next_crash[crash_s])
-        down_until[crash_s] = t + f.repair_seconds
-        next_crash[crash_s] = next(traces[crash_s], float("inf"))
+        t = max(t, failures_ahead[crash_s][0])
+        down_until[crash_s] = t + failures_ahead[crash_s][1]
+        failures_ahead[crash_s] = next(traces[crash_s], (float("inf"), 0.0))
         logger.log("fault", dict(fault="crash", slice=crash_s, time=t))
         in_use = crash_s in (alive if elastic else full)
         if elastic or not in_use:

@@ -34,7 +34,8 @@ from runtime.diloco.run_log import RunLog
 from runtime.diloco.syncer import MergeResult, Syncer
 from runtime.experiment import Experiment, RunResult, make_logger
 from runtime.faults import injection
-from runtime.faults.plan import CrashPlan, crash_times, timed_events
+from runtime.faults.plan import CrashPlan, timed_events
+from runtime.faults.replay import slice_failures
 from runtime.optim import inner_optimizer
 from runtime.programs import init_state
 from runtime.slice_pool import SlicePool
@@ -50,7 +51,7 @@ class Controller(Recovery, Membership, Durability):
                                           run.num_slices + run.lent_slices)
     self.host_mesh = devices_lib.slice_mesh([devices_lib.host_device()])
     self.host_sharding = NamedSharding(self.host_mesh, P())
-    self.crashes = CrashPlan(f.schedule, [crash_times(f, s, run.seed) for s in range(len(self.slices))])
+    self.crashes = CrashPlan(f.schedule, [slice_failures(f, s, run.seed) for s in range(len(self.slices))])
     self.injector = (injection.Injector(run.learners + run.lent_slices, f.schedule)
                      if f.schedule or f.mtbi_chip_seconds > 0 else None)
     tx = inner_optimizer(run.inner, run.total_steps)

@@ -115,7 +115,7 @@ class Membership:
       return True
     self.pool.release(self.lent[slice_index])  # its learner, held for a rejoin, waits for the repair
     self.pool.begin_repair(slice_index)
-    self.clock.after(self.run.faults.repair_seconds, Event("slice_repaired", payload=slice_index))
+    self.clock.after(self.crashes.repair_of(slice_index), Event("slice_repaired", payload=slice_index))
     return True
 
   def _lent_slice_repaired(self, slice_index: int) -> bool:

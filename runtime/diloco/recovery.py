@@ -27,10 +27,10 @@ class Recovery:
     self.crashes.happened("slice", s)
     owner = next((l for l in self.learners if l.slice_index == s and l.status != DOWN), None)
     if owner is not None:
-      self._crash(owner, "slice interrupted")
+      self._crash(owner, "slice interrupted", repair=self.crashes.repair_of(s))
     elif not self._lent_slice_crashed_idle(s):
       self.pool.failed_idle(s)
-      self.clock.after(self.run.faults.repair_seconds, Event("slice_repaired", payload=s))
+      self.clock.after(self.crashes.repair_of(s), Event("slice_repaired", payload=s))
 
   def _on_learner_crash(self, event: Event) -> None:
     self.crashes.happened("learner", event.learner)

@@ -56,6 +56,7 @@ class FaultConfig:
   restart_seconds: float = 30.0  # DP without elasticity: restart after every failure
   checkpoint_every: int = 10  # DP without elasticity: steps between checkpoints (work after is lost)
   reconfig_seconds: float = 8.0  # elastic DP: pause to drop or re-add a slice
+  trace: str = ""  # a recorded failure trace (JSON of `launch.simulate --trace`) replayed instead of mtbi's crashes
 
 
 def parse_schedule(text: str) -> tuple[Fault, ...]:
@@ -91,8 +92,8 @@ def parse_schedule(text: str) -> tuple[Fault, ...]:
   return tuple(faults)
 
 
-def crash_times(cfg: FaultConfig, slice_index: int, seed: int) -> Iterator[float]:
-  """Seeded Poisson crash times of one slice (each chip fails at 1 / mtbi_chip_seconds).
+def crash_times(cfg: FaultConfig, slice_index: int, seed: int) -> Iterator[tuple[float, float]]:
+  """(time, repair seconds) of each failure of one slice: seeded Poisson (each chip fails at 1 / mtbi_chip_seconds).
 
   The trace depends only on (seed, slice) and the repair time, never on the training mode,
   so every mode faces the same failures. A slice cannot fail again while it is being repaired.
@@ -104,7 +105,7 @@ def crash_times(cfg: FaultConfig, slice_index: int, seed: int) -> Iterator[float
   t = 0.0
   while True:
     t += rng.exponential(mean_gap)
-    yield t
+    yield t, cfg.repair_seconds
     t += cfg.repair_seconds
 
 
@@ -165,8 +166,9 @@ class CrashPlan:
   step-scheduled crashes not yet fired (each fires once: a learner that rejoins and passes the same
   step again does not fail again)."""
 
-  def __init__(self, schedule: Sequence[Fault], traces: Sequence[Iterator[float]]):
+  def __init__(self, schedule: Sequence[Fault], traces: Sequence[Iterator[tuple[float, float]]]):
     self._traces = list(traces)
+    self._repair: dict[int, float] = {}  # slice -> repair seconds of its latest drawn failure
     self._drawn = [0] * len(self._traces)  # times drawn from each slice's trace
     self._schedule = tuple(schedule)
     self._step_crashes = [f for f in schedule if f.kind == "crash" and f.step >= 0]
@@ -178,11 +180,22 @@ class CrashPlan:
 
   def next_slice_crash(self, slice_index: int) -> float | None:
     """Draws the slice's next crash time from its trace (None when the trace is empty)."""
-    at = next(self._traces[slice_index], None)
     self._drawn[slice_index] += 1
+    at = self._draw(slice_index)
     if at is not None:
       self._next[("slice", slice_index)] = at
     return at
+
+  def _draw(self, slice_index: int) -> float | None:
+    failure = next(self._traces[slice_index], None)
+    if failure is None:
+      return None
+    at, self._repair[slice_index] = failure
+    return at
+
+  def repair_of(self, slice_index: int) -> float:
+    """How long the slice's latest drawn failure takes to repair."""
+    return self._repair[slice_index]
 
   def happened(self, kind: str, index: int) -> None:
     """The slice's or learner's due crash took place."""
@@ -207,9 +220,9 @@ class CrashPlan:
 
   def restore(self, saved: dict) -> None:
     """Back where `snapshot` was; the traces (fresh, as the plan was built) are drawn again as far."""
-    for trace, drawn in zip(self._traces, saved["drawn"]):
+    for s, drawn in enumerate(saved["drawn"]):
       for _ in range(drawn):
-        next(trace, None)
+        self._draw(s)
     self._drawn = list(saved["drawn"])
     self._step_crashes = [self._schedule[i] for i in saved["step_crashes"]]
     self._armed = {m: self._schedule[i] for m, i in saved["armed"]}
