@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 PyTree = Any
 
@@ -46,7 +47,8 @@ def send(tree: PyTree, sharding: PyTree) -> PyTree:
   leaves, treedef = jax.tree.flatten(tree)
   targets = jax.tree.leaves(sharding)
   targets = tuple(targets) if len(targets) == len(leaves) else (targets[0],) * len(leaves)
-  flat = jax.device_put(_pack(leaves), targets[0])
+  one = targets[0]  # (the packed buffer is one vector: a sharding split along a tensor axis cannot hold it)
+  flat = jax.device_put(_pack(leaves), NamedSharding(one.mesh, P()) if isinstance(one, NamedSharding) else one)
   return jax.tree.unflatten(treedef, _unpacker(tuple(x.shape for x in leaves), targets)(flat))
 
 

@@ -5,7 +5,10 @@ import numpy as np
 import pytest
 
 from invariants import assert_data_accounted
+from models import lm
+from runtime import devices as devices_lib
 from runtime import modes
+from runtime import tree_transfer
 from runtime.config import from_config_dict
 from runtime.diloco.controller import Controller
 from runtime.errors import ConfigError
@@ -50,6 +53,15 @@ def test_a_learner_of_two_slices_trains_on_a_two_level_mesh_over_both(two_slice_
   assert learner.slices == (2, 3) and dict(learner.mesh.shape) == {"slice": 2, "data": 1}
   assert learner.batch_sharding.spec == jax.sharding.PartitionSpec(None, ("slice", "data"))
   assert {d.id for d in learner.mesh.devices.flat} == {2, 3}
+
+
+def test_parameters_reach_a_one_device_slice_that_shards_them_fsdp(two_slice_learners):
+  """A learner of two one-device slices with fsdp=True trains on one of them after a shrink: Θ must reach it."""
+  run = modes.prepare(two_slice_learners)
+  sharding = lm.param_shardings(run.model, devices_lib.learner_mesh([jax.devices()[1:2]]), fsdp=True)
+  theta = jax.device_put(lm.init_params(run.model, jax.random.key(0)), devices_lib.host_device())
+  copied = tree_transfer.copy_to(theta, sharding)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(copied), jax.device_get(theta))
 
 
 def test_losing_one_slice_it_trains_on_with_the_other_and_grows_back_when_the_slice_is_repaired(two_slice_learners):

@@ -91,6 +91,7 @@ class Reconfiguration:
       learner.regroup(tuple(owned), [self.slices[s] for s in owned])
       self.log.fault("shrink", m, now, f"{why}: on slices {owned} (done training)")
       return
+    # (A part that completed as the slice failed is kept, its work reported with the next part's: nothing lost.)
     resume = learner.inflight.kind if learner.inflight is not None else ""
     was_reconfiguring = learner.status == RECONFIGURING
     failure = learner.lose_part(now)
