@@ -160,6 +160,8 @@ def test_the_runtime_offers_the_goodput_simulators_learner_recoveries():
 @pytest.mark.slow
 def test_a_run_killed_while_a_learner_reconfigures_resumes_bit_identical(two_slice_learners, tmp_path, monkeypatch):
   two_slice_learners.checkpoint_every = 1
-  # Killed around the shrink (t=5: a part in flight, and the state from before it kept) and the growth (t>=11).
-  result = assert_resumes_bit_identical(two_slice_learners, tmp_path, monkeypatch, kills=(4, 9))
+  two_slice_learners.faults.schedule = "crash:learner=1,time=4,slice=1,repair=6"
+  # Resumed from merge 2 (t=3.8: learner 1's part in flight will fail at t=4, so it shrinks onto the state saved from
+  # before that part) and from merge 8 (a learner reconfiguring: a slice lost or given back, its move due).
+  result = assert_resumes_bit_identical(two_slice_learners, tmp_path, monkeypatch, kills=(3, 9))
   assert_data_accounted(result, seq_len=32)
