@@ -23,10 +23,14 @@ def get_config() -> ml_collections.ConfigDict:
   # JAX backend: "local" (this process's devices) or "pathways" (runs pathwaysutils.initialize() first: the
   # Pathways proxy backend, with JAX_PLATFORMS=proxy; needs the `pathways` extra). See README, "Multislice TPU".
   config.backend = "local"
-  # M: independent learners, one slice each.
+  # M: independent learners, slices_per_learner slices each.
   config.learners = 4
-  # Slices to cut the devices into; 0 means one per learner, more leaves spare slices.
+  # Slices to cut the devices into; 0 means slices_per_learner per learner, more leaves spare slices.
   config.slices = 0
+  # k: slices per learner; a learner's round runs data-parallel over its k slices (a ('slice', 'data') mesh: batch
+  # split over both, parameters replicated across slices). When one fails the learner reconfigures or restarts, by
+  # faults.learner_recovery. Modes decoupled and diloco_sync, virtual clock, no capacity.schedule; 1 = one slice each.
+  config.slices_per_learner = 1
   # H: inner steps between a learner's reports.
   config.inner_steps = 30
   # τ: inner steps a learner keeps training while its report is merged (0 = wait for Θ).
@@ -181,7 +185,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.clock.merge_seconds = 0.0
 
   config.faults = ml_collections.ConfigDict()
-  # Scheduled faults, ';'-separated: crash (time= or step=, repair=), straggler (duration=, factor=),
+  # Scheduled faults, ';'-separated: crash (time= or step=, repair=, slice=J: only the J-th slice of a learner of
+  # several; without it every slice of the learner fails), straggler (duration=, factor=),
   # corrupt (how=nan|inf|huge), link (duration=, mode=delay|drop), bug (a program error from time= on: stops the
   # learner for good); every one names learner= and time=.
   config.faults.schedule = ""
@@ -203,8 +208,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.faults.restart_seconds = 30.0
   # dp_restart: steps between checkpoints (a crash loses the steps since the last one).
   config.faults.checkpoint_every = 10
-  # Elastic data-parallel (dp_elastic): modeled seconds to reconfigure around a lost slice.
+  # Modeled seconds to reconfigure around a lost slice, and again to re-add it: elastic data-parallel (dp_elastic),
+  # and a learner of several slices with learner_recovery = "reconfigure".
   config.faults.reconfig_seconds = 8.0
+  # A learner of several slices (slices_per_learner > 1) that loses one, as the goodput simulator's option of the
+  # same name (configs/goodput.py): "reconfigure" (it keeps its state, loses only the part in flight, pays
+  # reconfig_seconds and trains on the slices left; it grows back, paying reconfig_seconds again, when the slice is
+  # repaired or a spare is free) or "restart" (it goes down, its unmerged work is written off, and it comes back
+  # from the current Θ with fresh inner state once it has k slices: a spare after spare_swap_seconds, or the
+  # repaired one). A learner of one slice always restarts.
+  config.faults.learner_recovery = "reconfigure"
 
   config.capacity = ml_collections.ConfigDict()
   # Slices lent for a while (scavenging), ';'-separated, virtual seconds: "lend:slices=4,time=100,duration=300"

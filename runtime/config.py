@@ -11,6 +11,7 @@ import ml_collections
 
 from models.config import ModelConfig
 from runtime import capacity as capacity_lib
+from runtime import learner_slices
 from runtime.data import SHARD_LAYOUTS
 from runtime.errors import ConfigError, check
 from runtime.faults import plan as fault_plan, replay as fault_replay
@@ -119,7 +120,8 @@ class RunConfig:
   num_devices: int = 8  # simulated CPU devices (ignored on real accelerators)
   backend: str = "local"  # one of BACKENDS
   learners: int = 4
-  slices: int = 0  # 0 = one slice per learner; more leaves spare slices
+  slices: int = 0  # 0 = slices_per_learner slices per learner; more leaves spare slices
+  slices_per_learner: int = 1  # k: each learner's round runs data-parallel over k slices (runtime/learner_slices.py)
   inner_steps: int = 30  # H
   overlap_steps: int = 0  # τ: inner steps a learner keeps training while its report syncs
   total_steps: int = 300  # per-learner inner steps at full global batch; fixes the token budget
@@ -152,7 +154,7 @@ class RunConfig:
   @property
   def num_slices(self) -> int:
     """The slices the run owns (learners' and spares); lent slices come on top."""
-    return self.slices or (1 if self.mode == "dp" else self.learners)
+    return self.slices or (1 if self.mode == "dp" else self.learners * self.slices_per_learner)
 
   @property
   def lent_slices(self) -> int:
@@ -297,6 +299,7 @@ def validate(run: RunConfig) -> None:
   if run.mode != "dp":
     check(run.learners <= run.num_devices, "learners", run.learners, f"at most num_devices ({run.num_devices}): "
           "each learner needs a slice of at least one device (raise num_devices, or use fewer learners)")
+  learner_slices.validate(run)
   check(run.slices == 0 or run.learners <= run.slices <= run.num_devices, "slices", run.slices,
          f"0 (one per learner) or from learners ({run.learners}) to num_devices ({run.num_devices})")
   check(run.inner_steps >= 1, "inner_steps", run.inner_steps, "an integer >= 1")
@@ -343,12 +346,13 @@ def validate(run: RunConfig) -> None:
            f"a multiple of the number of slices ({run.num_slices} owned + {run.lent_slices} lent at most)")
     if d.learner_batches:
       check(len(d.learner_batches) == run.learners and sum(d.learner_batches) == d.batch_size
-            and all(b > 0 and b % per_slice == 0 for b in d.learner_batches), "data.learner_batches",
-            d.learner_batches, f"one batch size per learner ({run.learners}), each a positive multiple of the "
-            f"devices per slice ({per_slice}), summing to data.batch_size ({d.batch_size})")
+            and all(b > 0 and b % (per_slice * run.slices_per_learner) == 0 for b in d.learner_batches),
+            "data.learner_batches", d.learner_batches, f"one batch size per learner ({run.learners}), each a positive "
+            f"multiple of the devices per learner ({per_slice * run.slices_per_learner}), summing to data.batch_size "
+            f"({d.batch_size})")
     else:
-      check((d.batch_size // groups) % per_slice == 0, "data.batch_size", d.batch_size,
-            f"a multiple of learners × devices per slice ({groups} × {per_slice})")
+      check((d.batch_size // groups) % (per_slice * run.slices_per_learner) == 0, "data.batch_size", d.batch_size,
+            f"a multiple of learners × devices per learner ({groups} × {per_slice * run.slices_per_learner})")
   check(i.lr > 0, "inner.lr", i.lr, "a float > 0")
   check(0 <= i.warmup_steps, "inner.warmup_steps", i.warmup_steps, "an integer >= 0")
   check(0 <= i.min_lr_ratio <= 1, "inner.min_lr_ratio", i.min_lr_ratio, "a float in [0, 1]")

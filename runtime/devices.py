@@ -55,6 +55,11 @@ def slice_mesh(devices: Sequence[jax.Device]) -> Mesh:
   return Mesh(np.asarray(devices), ("data",))
 
 
+def learner_mesh(groups: Sequence[Sequence[jax.Device]]) -> Mesh:
+  """A two-axis ('slice', 'data') mesh over a learner's slices (one row of devices per slice)."""
+  return Mesh(np.asarray(groups), ("slice", "data"))
+
+
 def host_device() -> jax.Device:
   """Where the syncer's state lives: the host CPU."""
   return jax.devices("cpu")[0]

@@ -1,16 +1,20 @@
 """Slice bookkeeping under failures: which slices are spare, which are in repair, which learners wait.
 
 Pure bookkeeping (no devices, no clock): the controller tells the pool what happened and asks it
-which slice or learner comes next.
+which slice or learner comes next. A learner of several slices waits once for each slice it lacks, and the pool
+keeps the healthy slices each such learner holds (`owned`): those it trains on, and those kept for its return.
 """
 
 
 class SlicePool:
   """Spare and repairing slices, learners waiting for a slice, and slices held for a pending rejoin."""
 
-  def __init__(self, num_slices: int, in_use: int):
+  def __init__(self, num_slices: int, in_use: int, per_learner: int = 1):
     self._spares = list(range(in_use, num_slices))  # healthy slices no learner uses, oldest first
-    self._waiting: list[int] = []  # learners with no slice yet, in the order they get one
+    self._waiting: list[int] = []  # learners with no slice yet (one entry per slice lacked), in the order they get one
+    # learner -> its healthy slices, ascending (learners of several slices only; learner m starts on m·k ... m·k+k-1)
+    self._owned = {m: list(range(m * per_learner, (m + 1) * per_learner))
+                   for m in range(in_use // per_learner)} if per_learner > 1 else {}
     self._repairing: set[int] = set()  # slices that failed and are not back yet
     self._crashed: set[int] = set()  # slices whose device program failed during the run
     self._held: dict[int, int] = {}  # learner -> repaired slice kept for it until its reports settle
@@ -70,14 +74,33 @@ class SlicePool:
     """A slice outside the pool (lent) is back; it is not the pool's to give."""
     self._repairing.discard(slice_index)
 
+  def owner(self, slice_index: int) -> int | None:
+    """The learner of several slices that holds the slice, or None."""
+    return next((m for m, owned in self._owned.items() if slice_index in owned), None)
+
+  def owned(self, learner: int) -> list[int]:
+    """The healthy slices the learner of several slices holds, ascending."""
+    return list(self._owned.get(learner, ()))
+
+  def give(self, learner: int, slice_index: int) -> None:
+    self._owned[learner] = sorted(self._owned.get(learner, []) + [slice_index])
+
+  def take_back(self, learner: int, slice_index: int) -> None:
+    self._owned[learner].remove(slice_index)
+
+  def forget(self, learner: int) -> None:
+    """The learner stopped for good: it waits for no slice any more."""
+    self._waiting = [m for m in self._waiting if m != learner]
+
   def snapshot(self) -> dict:
     return dict(spares=self._spares, waiting=self._waiting, repairing=sorted(self._repairing),
-                crashed=sorted(self._crashed), held=sorted(self._held.items()))
+                crashed=sorted(self._crashed), held=sorted(self._held.items()), owned=sorted(self._owned.items()))
 
   def restore(self, saved: dict) -> None:
     self._spares, self._waiting = list(saved["spares"]), list(saved["waiting"])
     self._repairing, self._crashed = set(saved["repairing"]), set(saved["crashed"])
     self._held = {m: s for m, s in saved["held"]}
+    self._owned = {m: list(owned) for m, owned in saved["owned"]}
 
   def take_crashed(self) -> list[int]:
     """The slices whose programs failed, sorted, forgotten once taken."""

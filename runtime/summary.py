@@ -22,6 +22,7 @@ STATE_COLORS: Mapping[str, str] = {
     "syncing": "tab:blue",
     "waiting": "tab:orange",
     "down": "tab:red",
+    "reconfiguring": "tab:olive",
     "failed": "tab:gray",
 }
 SYNCER_LANE = "syncer"

@@ -1,6 +1,5 @@
 """Elastic membership: lent slices run new learners that join from Θ and leave when reclaimed; data never lost."""
 
-import jax
 import numpy as np
 import pytest
 
@@ -8,7 +7,7 @@ from invariants import assert_data_accounted
 from runtime import modes
 from runtime.config import from_config_dict
 from runtime.errors import ConfigError
-from test_resume import _Killed, _kill_at, _metrics
+from test_resume import assert_resumes_bit_identical
 
 
 @pytest.fixture
@@ -67,16 +66,8 @@ def test_a_run_killed_while_learners_are_lent_resumes_bit_identical(elastic, tmp
   elastic.checkpoint_every = 1
   if faults is not None:
     elastic.faults.schedule = faults
-  reference = modes.train(elastic, tmp_path / "reference")[0]
-  for merge in kills:  # while the fixed lend is on, and after it, with the random trace's learner around
-    with monkeypatch.context() as patch:
-      _kill_at(patch, merge)
-      with pytest.raises(_Killed):
-        modes.train(elastic, tmp_path / "killed")
-  result = modes.train(elastic, tmp_path / "killed")[0]
-  assert _metrics(tmp_path / "killed") == _metrics(tmp_path / "reference")
-  for a, b in zip(jax.tree.leaves(reference.params), jax.tree.leaves(result.params), strict=True):
-    np.testing.assert_array_equal(a, b)
+  # Killed while the fixed lend is on, and after it, with the random trace's learner around.
+  result = assert_resumes_bit_identical(elastic, tmp_path, monkeypatch, kills)
   assert_data_accounted(result, seq_len=32)
 
 

@@ -65,6 +65,22 @@ def _kill_at(monkeypatch, merges: int) -> None:
   monkeypatch.setattr(controller_lib.Controller, "_save_checkpoint", dying)
 
 
+def assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills):
+  """Trains `config` once, and once killed before the checkpoint of each merge in `kills` and resumed each time:
+  the same records and Θ; returns the resumed run's result."""
+  reference = modes.train(config, tmp_path / "reference")[0]
+  for merge in kills:
+    with monkeypatch.context() as patch:
+      _kill_at(patch, merge)
+      with pytest.raises(_Killed):
+        modes.train(config, tmp_path / "killed")
+  result = modes.train(config, tmp_path / "killed")[0]
+  assert _metrics(tmp_path / "killed") == _metrics(tmp_path / "reference")
+  for a, b in zip(jax.tree.leaves(reference.params), jax.tree.leaves(result.params), strict=True):
+    np.testing.assert_array_equal(a, b)
+  return result
+
+
 @pytest.mark.slow  # ~2 minutes; the default suite keeps the SIGKILL case below and tests/test_membership.py's
 def test_killed_mid_flight_four_times_the_run_ends_bit_identical_to_one_never_killed(faulty, tmp_path, monkeypatch):
   reference = modes.train(faulty, tmp_path / "reference")[0]

@@ -32,6 +32,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from runtime import tree_transfer
 from runtime.errors import ConfigError
 from runtime.summary import summary_table
 
@@ -111,8 +112,9 @@ class JaxMeter:
 def _meter_jax_calls(meter: JaxMeter, learners: list, log: Any) -> None:
   """Routes the controller's JAX entry points through `meter`: programs, copies, fetches, the LR schedule."""
   from runtime.diloco import learner as learner_lib  # pylint: disable=g-import-not-at-top
-  for name in ("_copy_to", "_fresh_copy", "_carry", "_mix"):
-    setattr(learner_lib, name, meter.wrap(getattr(learner_lib, name)))
+  for module, name in ((tree_transfer, "copy_to"), (tree_transfer, "fresh_copy"), (learner_lib, "_carry"),
+                       (learner_lib, "_mix")):
+    setattr(module, name, meter.wrap(getattr(module, name)))
   for name in ("device_get", "device_put", "block_until_ready"):
     setattr(jax, name, meter.wrap(getattr(jax, name)))
   for learner in learners:

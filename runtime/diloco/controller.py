@@ -25,10 +25,11 @@ from runtime.config import RunConfig
 from runtime.errors import TrainingDiverged
 from runtime.diloco.clock import Event, make_clock
 from runtime.diloco.ledger import Ledger
-from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, TRAINING, WAITING, Learner
+from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING, Learner
 from runtime.diloco.links import Links
 from runtime.diloco.durability import Durability
 from runtime.diloco.membership import Membership
+from runtime.diloco.reconfiguration import Reconfiguration
 from runtime.diloco.recovery import Recovery
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.syncer import MergeResult, Syncer
@@ -41,7 +42,7 @@ from runtime.programs import init_state
 from runtime.slice_pool import SlicePool
 
 
-class Controller(Recovery, Membership, Durability):
+class Controller(Recovery, Membership, Reconfiguration, Durability):
   """Runs Decoupled DiLoCo (or synchronous DiLoCo with quorum = M) to the token budget."""
 
   def __init__(self, run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str):
@@ -56,7 +57,8 @@ class Controller(Recovery, Membership, Durability):
                      if f.schedule or f.mtbi_chip_seconds > 0 else None)
     tx = inner_optimizer(run.inner, run.total_steps)
     self.learners = self._make_learners(exp, tx)
-    self.pool = SlicePool(run.num_slices, in_use=run.learners)  # lent slices are not its to give
+    k = run.slices_per_learner
+    self.pool = SlicePool(run.num_slices, in_use=run.learners * k, per_learner=k)  # lent slices are not its to give
     theta = jax.jit(lm.init_params, static_argnums=0, out_shardings=self.host_sharding)(
         run.model, jax.random.key(run.seed))
     self.syncer = Syncer(run.outer, theta, len(self.learners), run.overlap_steps)
@@ -152,7 +154,8 @@ class Controller(Recovery, Membership, Durability):
     """
     work_left = self.tokens_dispatched < self.run.token_budget  # else a repaired learner has nothing to do
     return (self.merge_state != "idle" or self.reports_in_transit > 0
-            or any(l.status in (TRAINING, WAITING) or (l.status == DOWN and work_left) for l in self.learners))
+            or any(l.status in (TRAINING, WAITING, RECONFIGURING) or (l.status == DOWN and work_left)
+                   for l in self.learners))
 
   # Learners ----------------------------------------------------------------------------------------
 
@@ -175,8 +178,10 @@ class Controller(Recovery, Membership, Durability):
       learner.set_status(DONE if kind == "main" else WAITING, self.clock.now())
       self._maybe_merge()  # a finished learner lowers the effective quorum
       return False
+    if self._regroup_due(learner, kind):  # a learner of several slices grows onto those given back first
+      return True
     now = self.clock.now()
-    modeled = sum(self.clock.step_seconds(learner.index) for _ in range(steps))
+    modeled = sum(self.clock.step_seconds(learner.index) for _ in range(steps)) * self._step_scale(learner)
     crash_at = self._arm_crash(learner, steps, modeled)
     try:
       at = self.tokens_dispatched // self.run.tokens_per_step if self.run.inner.schedule_progress == "run" else None
@@ -197,7 +202,7 @@ class Controller(Recovery, Membership, Durability):
     if self.injector is None:
       return None
     now = self.clock.now()
-    crash = self.crashes.in_round(learner.index, learner.slice_index, learner.total_steps, steps, now, modeled)
+    crash = self.crashes.in_round(learner.index, learner.slices, learner.total_steps, steps, now, modeled)
     self.injector.arm(learner.index, None if crash is None else crash.step)
     if crash is None or not modeled:
       return None
@@ -320,6 +325,7 @@ class Controller(Recovery, Membership, Durability):
     for m, s in self.pool.held():
       if not self.learners[m].reports_out:
         self._rejoin(self.learners[m], s)
+    self._rejoin_settled()
     self.log.merge(result, reports, now, self.clock.wall_stamp(), self.learners, self._grace_seconds(),
                    self.syncer.quorum(self._able()), self.ledger.goodput(now))
     self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp())

@@ -75,8 +75,9 @@ class Durability:
                                      self.host_sharding)
     self.syncer.restore(meta["syncer"], unpacker)
     for learner, saved in zip(self.learners, meta["learners"]):
-      if saved["slice_index"] not in (-1, learner.slice_index):
-        learner.move_to(saved["slice_index"], self.slices[saved["slice_index"]])
+      slices = tuple(saved["slices"])
+      if slices and slices != learner.slices:
+        learner.move_to(slices, [self.slices[s] for s in slices])
       learner.restore(saved, unpacker, self.syncer.params)
     self.pool.restore(meta["pool"])
     self.crashes.restore(meta["crashes"])

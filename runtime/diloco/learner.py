@@ -15,16 +15,15 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from models import lm
 from runtime import data as data_lib
-from runtime import devices as devices_lib
 from runtime import tree_transfer
 from runtime.config import RunConfig
 from runtime.data_service import LeasedStream
+from runtime.diloco import placement as placement_lib
 from runtime.diloco import snapshot as snapshot_lib
 from runtime.diloco.messages import Delivery, Failure, Report, RoundPart
 from runtime.faults import injection
-from runtime.programs import TrainState, init_state, make_round, schedule_at
+from runtime.programs import TrainState, schedule_at
 from runtime.staging import Stager
 
 PyTree = Any
@@ -32,10 +31,11 @@ PyTree = Any
 TRAINING, WAITING, DOWN, DONE = "training", "waiting", "down", "done"
 ABSENT = "absent"  # a learner of lent capacity while it has no slice (not yet lent, or reclaimed)
 FAILED = "failed"  # stopped for good by a program error that is no lost slice: never retried
+RECONFIGURING = "reconfiguring"  # a learner of several slices moving onto fewer or more of them (it keeps its state)
 
 
 class Learner:
-  """Owns one slice; all device work is dispatched asynchronously and awaited only in `collect`."""
+  """Owns one slice (or several); all device work is dispatched asynchronously and awaited only in `collect`."""
 
   def __init__(self, index: int, slice_index: int, devices: list[jax.Device], run: RunConfig,
                stream: data_lib.ShardIterator | LeasedStream, tx: optax.GradientTransformation,
@@ -47,11 +47,10 @@ class Learner:
     self.tokens_per_batch = stream.tokens_per_batch
     self._data = Stager(stream, run.data.prefetch, str(index))
     self.leased = stream if isinstance(stream, LeasedStream) else None  # data from the service, leased ahead
-    self._placements: dict[int, tuple] = {}  # slice -> mesh, shardings and programs there
-    if slice_index >= 0:
+    self._placements: dict[tuple[int, ...], placement_lib.Placement] = {}  # slices -> mesh, programs there
+    self.slices, self.slice_index = (), -1  # the slices it trains on (none while it has none), and the first
+    if slice_index != -1:
       self.move_to(slice_index, devices)
-    else:
-      self.slice_index = -1
     self.state: TrainState | None = None
     self.status = WAITING
     self.inflight: RoundPart | None = None
@@ -69,6 +68,7 @@ class Learner:
     self._unreported_busy = 0.0  # busy seconds of the parts collected since the last report
     self._reported_tokens = self._reported_steps = 0  # what of this round went into a report
     self._at_report: Any = None  # θ on the slice when the last report was taken (receive == "carry")
+    self._before_part: tuple | None = None  # (state, data position) before the part in flight, if it keeps them
     self._round_start: dict = self._data.position  # data position when Θ was last received
     self._reported_position: dict = self._round_start  # data position at the end of the last report
     self._corrupt_next = ""  # fault injection: corrupt the next report ("nan", "inf", "huge")
@@ -78,21 +78,27 @@ class Learner:
 
   # Placement ---------------------------------------------------------------------------------------
 
-  def move_to(self, slice_index: int, devices: list[jax.Device]) -> None:
-    """Binds the learner to a slice: its mesh, shardings and round program (compiled once per slice it uses)."""
-    if slice_index not in self._placements:
-      mesh = devices_lib.slice_mesh(devices)
-      hook = injection.device_check(self.injector, self.index, mesh) if self.injector else None
-      self._placements[slice_index] = (
-          mesh, lm.param_shardings(self.run.model, mesh, self.run.fsdp), NamedSharding(mesh, P(None, "data")),
-          jax.jit(make_round(self.run.model, self.tx, hook), donate_argnums=0),
-          jax.jit(lambda p, step: init_state(p, self.tx, step)))
-    self.slice_index = slice_index
-    self.mesh, self.param_sharding, self.batch_sharding, self._round_program, self._init = self._placements[slice_index]
+  def move_to(self, slices: int | tuple[int, ...], devices: list) -> None:
+    """Binds the learner to one slice (an index and its devices) or several (a tuple, and each one's devices): its
+    mesh, shardings and round program, compiled once per slice set it uses."""
+    slices, groups = (slices, devices) if isinstance(slices, tuple) else ((slices,), [devices])
+    if slices not in self._placements:
+      self._placements[slices] = placement_lib.place(self.index, slices, groups, self.run, self.tx, self.injector)
+    where = self._placements[slices]
+    self.slices, self.slice_index = slices, slices[0]
+    self.mesh, self.param_sharding, self.batch_sharding = where.mesh, where.param_sharding, where.batch_sharding
+    self._round_program, self._init, self._keeps_state = where.round_program, where.init, where.keeps_state
+
+  def regroup(self, slices: tuple[int, ...], groups: list[list[jax.Device]]) -> None:
+    """Moves the learner of several slices, its state with it, onto another set of them (one lost, or one back)."""
+    self.move_to(slices, groups)
+    self.state = placement_lib.moved(self.state, self.mesh)
+    if self._at_report is not None:
+      self._at_report = placement_lib.moved(self._at_report, self.mesh)
 
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
     """Starts from Θ with fresh inner optimizer state (initial start, rejoin, quarantine)."""
-    params = _copy_to(theta_host, self.param_sharding)
+    params = tree_transfer.copy_to(theta_host, self.param_sharding)
     self.state = self._init(params, self.total_steps)
     self._new_round(version, now)
 
@@ -116,13 +122,14 @@ class Learner:
     self.set_status(TRAINING, now)
     if schedule_at is not None:  # the inner schedule follows the run's progress (inner.schedule_progress="run")
       self.state = _schedule_to(self.state, np.int32(schedule_at))
-    failure = ""
+    failure, before = "", (self.state, staged.start) if self._keeps_state else None
     try:
       state, metrics = self._round_program(self.state, staged.batches_HxBxT)
     except jax.errors.JaxRuntimeError as error:
       if not armed:
         raise
       state, metrics, failure = None, None, injection.describe(error)
+    self._before_part = before
     self.inflight = RoundPart(kind, steps, staged.tokens, now, modeled_seconds, state, metrics, failure)
     self.state = state
     self._data.stage_ahead(ahead, self.batch_sharding)
@@ -134,13 +141,13 @@ class Learner:
     if part.failure:
       raise injection.RecordedFailure(part.failure)
     loss_H = np.asarray(jax.device_get(part.metrics["loss"]))
-    self.inflight = None
+    self.inflight = self._before_part = None
     busy = part.modeled_seconds if part.modeled_seconds else now - part.started_at
     self.tokens += part.tokens
     self.steps += part.steps
     self.total_steps += part.steps
     self.busy_seconds += busy
-    self._unreported_busy += busy
+    self._unreported_busy += busy * len(self.slices)  # slice time
     self.last_loss = float(loss_H.mean())
     self.completions.append((now, part.steps))
     return part
@@ -157,9 +164,9 @@ class Learner:
 
   def report(self, now: float, host_sharding: jax.sharding.Sharding) -> Report:
     """θ_m and what it was trained on since Θ, copied explicitly onto the syncer's host device."""
-    params = _copy_to(self.state.params, host_sharding)
+    params = tree_transfer.copy_to(self.state.params, host_sharding)
     if self.run.overlap_steps and self.run.outer.receive == "carry":
-      self._at_report = _fresh_copy(self.state.params)  # the next round donates the state's buffers
+      self._at_report = tree_transfer.fresh_copy(self.state.params)  # the next round donates the state's buffers
     if self._corrupt_next:
       params, self._corrupt_next = injection.corrupt(params, self._corrupt_next), ""
     return Report(self.index, params, self.tokens, self.steps, self.base_version, self.last_loss, sent_at=now,
@@ -205,7 +212,7 @@ class Learner:
     if delivery.reset:
       self.reset(delivery.params, delivery.version, now)
       return written_off
-    theta = _copy_to(delivery.params, self.param_sharding)
+    theta = tree_transfer.copy_to(delivery.params, self.param_sharding)
     if keep and receive == "carry":
       theta = _carry(theta, self.state.params, self._at_report)
     elif receive == "mix" and delivery.rewind_to is None:  # rewound work is trained again, not mixed in
@@ -235,21 +242,38 @@ class Learner:
 
   def fail(self, now: float, status: str = DOWN) -> Failure:
     """The learner's slice failed (or its program, `status` FAILED): its future is dropped, its unreported work is
-    lost, and it leaves the slice. A round whose time is modeled is awaited first, so its device error surfaces."""
-    detail = ""
-    if self.inflight is not None and self.inflight.modeled_seconds and self.injector is not None:
-      try:
-        self.collect(now)  # the armed program fails here, a genuine device error
-        detail = " (its round had completed)"
-      except Exception as error:  # pylint: disable=broad-except
-        detail = f", awaiting its round: {injection.describe(error)}"
+    lost, and it leaves the slice."""
+    detail = self._await_inflight(now)
     part, self.inflight = self.inflight, None
     lost = part.tokens if part else 0
     failure = Failure(self.slice_index, detail, lost + self.tokens - self._reported_tokens, self._unreported_busy)
-    self.inbox = None
+    self.inbox = self._before_part = None
     self.set_status(status, now)
-    self.slice_index = -1
+    self.slices, self.slice_index = (), -1
     return failure
+
+  def lose_part(self, now: float) -> Failure:
+    """One of its several slices failed and it reconfigures: only the part in flight is lost (its data is served
+    again); the learner keeps the state it had before that part, its round and what it trained since Θ."""
+    detail = self._await_inflight(now)
+    part, self.inflight = self.inflight, None
+    if part is not None:
+      self.state, start = self._before_part
+      self._data.restore(start)
+    self._before_part = None
+    self.set_status(RECONFIGURING, now)
+    lost_seconds = (now - part.started_at) * len(self.slices) if part else 0.0
+    return Failure(self.slice_index, detail, part.tokens if part else 0, lost_seconds)
+
+  def _await_inflight(self, now: float) -> str:
+    """Awaits a failing round whose time is modeled, so its device error surfaces; what happened, for the record."""
+    if self.inflight is None or not self.inflight.modeled_seconds or self.injector is None:
+      return ""
+    try:
+      self.collect(now)  # the armed program fails here, a genuine device error
+      return " (its round had completed)"
+    except Exception as error:  # pylint: disable=broad-except
+      return f", awaiting its round: {injection.describe(error)}"
 
   def leave(self, now: float) -> Failure:
     """Its lent slice is reclaimed: its unreported work is lost as in a failure, and it leaves the run."""
@@ -312,12 +336,14 @@ class Learner:
     state = None
     if self.status not in (DOWN, FAILED) and self.state is not None:
       try:
-        state = _fresh_copy(self.state)
+        state = tree_transfer.fresh_copy(self.state)
       except jax.errors.JaxRuntimeError:
         state = self.state  # its program failed: fetching it fails again, and the snapshot records that error
     part = self.inflight
     return dict(
-        {name: getattr(self, name) for name in self._SAVED}, slice_index=self.slice_index, data=self._data.position,
+        {name: getattr(self, name) for name in self._SAVED}, slice_index=self.slice_index, slices=list(self.slices),
+        data=self._data.position, before=None if self._before_part is None else dict(
+            state=packer.tree(self._before_part[0], "train", f"{group}.before"), data=self._before_part[1]),
         leases=None if self.leased is None else self.leased.snapshot(),
         completions=self.completions, intervals=self.intervals, state=packer.tree(state, "train", group),
         inbox=packer.value(self.inbox), at_report=packer.tree(self._at_report, "params", group),
@@ -330,7 +356,7 @@ class Learner:
     """The learner as `snapshot` saw it (the controller has moved it to its slice first)."""
     for name in self._SAVED:
       setattr(self, name, saved[name])
-    self.slice_index = saved["slice_index"]
+    self.slices, self.slice_index = tuple(saved["slices"]), saved["slice_index"]
     if self.leased is not None:
       self.leased.restore_leases(saved["leases"])
     self._data.restore(saved["data"])
@@ -339,11 +365,14 @@ class Learner:
     self.inbox = unpacker.value(saved["inbox"])
     group = f"learner{self.index}"
     failure = unpacker.failed.get(group, "")  # its program failed before the snapshot could copy its state
-    self.state = self._at_report = None
-    if saved["state"] is not None and not failure:
-      like = self._init(_copy_to(theta_host, self.param_sharding), 0)
+    self.state = self._at_report = self._before_part = None
+    kept, before = saved["state"] is not None and not failure, saved["before"]
+    like = self._init(tree_transfer.copy_to(theta_host, self.param_sharding), 0) if kept or before else None
+    if kept:
       self.state = unpacker.tree(saved["state"], snapshot_lib.like(like), where=group)
       self._at_report = unpacker.tree(saved["at_report"], snapshot_lib.like(like.params), where=group)
+    if before is not None:  # the state before the part in flight (kept by a learner that reconfigures)
+      self._before_part = (unpacker.tree(before["state"], snapshot_lib.like(like), f"{group}.before"), before["data"])
     part = saved["inflight"]
     if part is not None:
       replicated = NamedSharding(self.mesh, P())
@@ -356,28 +385,6 @@ class Learner:
 @functools.partial(jax.jit, donate_argnums=0)
 def _schedule_to(state: TrainState, step: jax.Array) -> TrainState:
   return state.replace(opt_state=schedule_at(state.opt_state, step))
-
-
-@jax.jit
-def _fresh_copy(tree: PyTree) -> PyTree:
-  return jax.tree.map(jnp.copy, tree)
-
-
-def _copy_to(tree: PyTree, sharding: jax.sharding.Sharding) -> PyTree:
-  """A transfer whose result shares no buffer with its source.
-
-  The learner donates its buffers to each round and the syncer keeps Θ's history, so neither may
-  alias the other; device_put between overlapping CPU device sets reuses the shared device's buffer
-  even with may_alias=False, hence a copy program. Copies to the host run on the host's single device:
-  a copy on the learner's slice queued behind the rounds dispatched before it (XLA:CPU appeared to run
-  one multi-device program at a time), and the learner's report with it. Between single devices the tree
-  travels as one packed buffer, which costs the controller a third of the CPU time.
-  """
-  if tree_transfer.packable(tree, sharding):
-    return tree_transfer.send(tree, sharding)
-  if len(jax.tree.leaves(sharding)[0].device_set) == 1:
-    return _fresh_copy(jax.device_put(tree, sharding))
-  return jax.device_put(_fresh_copy(tree), sharding)
 
 
 @jax.jit

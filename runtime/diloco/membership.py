@@ -13,6 +13,7 @@ import numpy as np
 from absl import logging
 
 from runtime import capacity as capacity_lib
+from runtime import learner_slices
 from runtime.data_service import DataService, LeasedStream
 from runtime.diloco.clock import Event
 from runtime.diloco.learner import ABSENT, DOWN, Learner
@@ -36,7 +37,9 @@ class Membership:
       owned, batch = m < run.learners, run.learner_batch(m)
       stream = (exp.shard(m, run.learners, batch) if self.data_service is None
                 else LeasedStream(self.data_service, batch_size=batch, learner=m))
-      learners.append(Learner(m, m if owned else -1, self.slices[m] if owned else [], run, stream, tx, self.injector))
+      home = learner_slices.home(m, run.slices_per_learner) if owned else -1
+      learners.append(Learner(m, home, [self.slices[s] for s in home] if owned else [], run, stream, tx,
+                              self.injector))
       if not owned:
         learners[-1].set_status(ABSENT, 0.0)
     return learners

@@ -25,6 +25,9 @@ class Recovery:
   def _on_slice_crash(self, event: Event) -> None:
     s = event.payload
     self.crashes.happened("slice", s)
+    if self._several():
+      self._slice_lost(s)
+      return
     owner = next((l for l in self.learners if l.slice_index == s and l.status != DOWN), None)
     if owner is not None:
       self._crash(owner, "slice interrupted", repair=self.crashes.repair_of(s))
@@ -36,7 +39,11 @@ class Recovery:
     self.crashes.happened("learner", event.learner)
     learner = self.learners[event.learner]
     if learner.status not in (DOWN, DONE, FAILED, ABSENT):
-      self._crash(learner, "scheduled crash", repair=event.payload.repair if event.payload.repair >= 0 else None)
+      repair = event.payload.repair if event.payload.repair >= 0 else None
+      if self._several() and event.payload.slice >= 0:
+        self._crash_slice(learner, event.payload.slice, "scheduled crash", repair)
+      else:
+        self._crash(learner, "scheduled crash", repair=repair)
 
   def _remove(self, learner: Learner, status: str) -> Failure:
     """Removes the learner's future and writes off its unmerged work; it is DOWN (to return) or FAILED (for good)."""
@@ -51,7 +58,10 @@ class Recovery:
     return failure
 
   def _crash(self, learner: Learner, why: str, repair: float | None = None) -> None:
-    """Removes the learner's future, writes off its unmerged work, and arranges its return."""
+    """Removes the learner's future, writes off its unmerged work, and arranges its return (all its slices lost)."""
+    if self._several():
+      self._lose_slices(learner, self.pool.owned(learner.index), why, repair)
+      return
     now, m = self.clock.now(), learner.index
     failure = self._remove(learner, DOWN)
     why += failure.detail
@@ -89,9 +99,10 @@ class Recovery:
       stops = [f"learner {f['learner']} ({f['detail']})" for f in self.log.faults if f["fault"] == "program_error"]
       raise ProgramError(f"no learner is left to train: every one stopped on a program error{hint}: "
                          + "; ".join(stops)) from error
-    waiting = None if self._is_lent_slice(failure.slice_index) else self.pool.repaired(failure.slice_index)
-    if waiting is not None:
-      self._rejoin(self.learners[waiting], failure.slice_index)
+    if self._several():
+      self._return_slices(learner)
+    elif not self._is_lent_slice(failure.slice_index):
+      self._give_back(failure.slice_index)
     self._maybe_merge()
 
   def _on_slice_repaired(self, event: Event) -> None:
@@ -115,8 +126,11 @@ class Recovery:
 
     While a report it sent before failing is still on its way, the rejoin waits for that report's
     merge: if the syncer quarantines it, its data must be served again, so where the shard resumes
-    is only known then.
+    is only known then. A learner of several slices takes the slice as one of its set (`_grant`).
     """
+    if self._several():
+      self._grant(learner, slice_index)
+      return
     if self.pool.is_repairing(slice_index):  # the spare failed during the swap: wait for the next slice
       self.pool.wait(learner.index, first=True)
       return

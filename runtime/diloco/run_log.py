@@ -17,8 +17,9 @@ from runtime.metrics import MetricsLogger
 from runtime.optim import inner_lr
 
 PyTree = Any
-# Fault records that count as injected faults (the rest are their consequences: rejoin, quarantine, ...).
-INJECTED = ("crash", "straggler", "corrupt", "link", "program_error")
+# Fault records that count as injected faults (the rest are their consequences: rejoin, expand, quarantine, ...);
+# a shrink is the crash of one slice of a learner that reconfigures.
+INJECTED = ("crash", "shrink", "straggler", "corrupt", "link", "program_error")
 
 
 class RunLog:

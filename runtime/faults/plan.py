@@ -14,8 +14,11 @@ import numpy as np
 from runtime.errors import ConfigError, check
 
 KINDS = ("crash", "straggler", "corrupt", "link", "bug")
+# What a learner of several slices does when one of them fails; the goodput simulator's options (runtime/sim), with
+# the same meaning: "reconfigure" trains on without it, "restart" goes down and comes back from Θ.
+LEARNER_RECOVERIES = ("reconfigure", "restart")
 _FIELDS = {
-    "crash": {"learner": int, "time": float, "step": int, "repair": float},
+    "crash": {"learner": int, "time": float, "step": int, "repair": float, "slice": int},
     "straggler": {"learner": int, "time": float, "duration": float, "factor": float},
     "corrupt": {"learner": int, "time": float, "how": str},
     "link": {"learner": int, "time": float, "duration": float, "mode": str},
@@ -37,6 +40,7 @@ class Fault:
   how: str = "nan"
   mode: str = "delay"
   repair: float = -1.0  # < 0: the config's repair_seconds
+  slice: int = -1  # crash: only the learner's slice of this index fails (a learner of several); < 0: all of them
   text: str = dataclasses.field(default="", compare=False)  # as written in the schedule, for messages
 
 
@@ -47,6 +51,7 @@ class FaultConfig:
   # Scheduled faults, parsed from the config's ';'-separated text, e.g. "crash:learner=1,time=40;
   # straggler:learner=2,time=10,duration=50,factor=3; corrupt:learner=0,time=20,how=nan;
   # link:learner=3,time=5,duration=20,mode=drop; bug:learner=1,time=40" (a program bug: stops the learner for good).
+  # A crash takes down every slice of its learner, or with slice=J only the J-th of a learner of several slices.
   schedule: tuple[Fault, ...] = ()
   mtbi_chip_seconds: float = 0.0  # per-chip mean time between interruptions; 0 = no random crashes
   chips_per_slice: int = 256
@@ -55,7 +60,11 @@ class FaultConfig:
   report_timeout_seconds: float = 30.0  # a learner whose report got no answer pulls Θ after this long
   restart_seconds: float = 30.0  # DP without elasticity: restart after every failure
   checkpoint_every: int = 10  # DP without elasticity: steps between checkpoints (work after is lost)
-  reconfig_seconds: float = 8.0  # elastic DP: pause to drop or re-add a slice
+  reconfig_seconds: float = 8.0  # elastic DP, and a learner of several slices that reconfigures: drop or re-add one
+  # A learner of several slices (slices_per_learner > 1) that loses one: "reconfigure" (keeps its state and trains on
+  # the others, growing back when a slice returns) or "restart" (down, its unmerged work lost, back from Θ on a full
+  # set); one of LEARNER_RECOVERIES. A learner of one slice always restarts.
+  learner_recovery: str = "reconfigure"
   trace: str = ""  # a recorded failure trace (JSON of `launch.simulate --trace`) replayed instead of mtbi's crashes
 
 
@@ -79,7 +88,7 @@ def parse_schedule(text: str) -> tuple[Fault, ...]:
         raise ConfigError("faults.schedule", item, f"{key} of type {_FIELDS[kind][key].__name__}") from None
       if isinstance(values[key], float) and not math.isfinite(values[key]):
         raise ConfigError("faults.schedule", item, f"{key} a finite number")
-      if key in ("learner", "duration", "factor") and values[key] < 0:
+      if key in ("learner", "duration", "factor", "slice") and values[key] < 0:
         raise ConfigError("faults.schedule", item, f"{key} >= 0")
       if key in _CHOICES and values[key] not in _CHOICES[key]:
         raise ConfigError("faults.schedule", item, f"{key} in {_CHOICES[key]}")
@@ -201,11 +210,12 @@ class CrashPlan:
     """The slice's or learner's due crash took place."""
     self._next.pop((kind, index), None)
 
-  def in_round(self, learner: int, slice_index: int, first_step: int, steps: int, now: float,
+  def in_round(self, learner: int, slices: Sequence[int], first_step: int, steps: int, now: float,
                modeled: float) -> RoundCrash | None:
-    """The crash that falls in the learner's next round (remembered if step-scheduled), or None."""
+    """The crash that falls in the learner's next round on `slices` (remembered if step-scheduled), or None."""
     self._armed.pop(learner, None)
-    at = min(self._next.get(("learner", learner), float("inf")), self._next.get(("slice", slice_index), float("inf")))
+    at = min([self._next.get(("learner", learner), float("inf"))] + [self._next.get(("slice", s), float("inf"))
+                                                                     for s in slices])
     crash = round_crash(now, modeled, first_step, steps, [f for f in self._step_crashes if f.learner == learner], at)
     if crash is not None and crash.fault is not None:
       self._armed[learner] = crash.fault
@@ -243,9 +253,13 @@ def validate(run) -> None:
     check(getattr(f, name) >= 0, f"faults.{name}", getattr(f, name), "a float >= 0")
   check(f.chips_per_slice >= 1, "faults.chips_per_slice", f.chips_per_slice, "an integer >= 1")
   check(f.checkpoint_every >= 1, "faults.checkpoint_every", f.checkpoint_every, "an integer >= 1")
+  check(f.learner_recovery in LEARNER_RECOVERIES, "faults.learner_recovery", f.learner_recovery,
+        f"one of {LEARNER_RECOVERIES}")
   for fault in f.schedule:
     check(0 <= fault.learner < run.learners + run.lent_slices, "faults.schedule", fault.text,
           f"learner in [0, {run.learners + run.lent_slices}) (learners, then those of lent slices)")
+    check(fault.slice < run.slices_per_learner, "faults.schedule", fault.text,
+          f"slice in [0, slices_per_learner={run.slices_per_learner}) (the learner's J-th slice), or no slice field")
   if run.clock.kind == "real" and run.mode in ("decoupled", "diloco_sync"):  # refused rather than pretended
     check(f.mtbi_chip_seconds == 0, "faults.mtbi_chip_seconds", f.mtbi_chip_seconds,
           "0 under clock.kind='real' (random crashes need modeled time: use clock.kind='virtual')")

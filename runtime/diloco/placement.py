@@ -1,0 +1,61 @@
+"""Where a learner trains: the mesh over its slices, its shardings, and its programs compiled there.
+
+A learner of one slice (slices_per_learner = 1) trains on a one-axis ('data') mesh; a learner of several on a
+two-axis ('slice', 'data') mesh, its batch split over both axes, its parameters replicated across slices (and,
+with fsdp, split along 'data' within each). Such a learner that reconfigures around a lost slice
+(faults.learner_recovery = 'reconfigure') keeps the state it had before the part in flight: its round program does
+not donate that state, at the cost of a second copy of it while a part runs.
+"""
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from models import lm
+from runtime import devices as devices_lib
+from runtime.config import RunConfig
+from runtime.faults import injection
+from runtime.programs import init_state, make_round
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """A learner's mesh over `slices`, the shardings of its parameters and batches, and its two programs there."""
+
+  slices: tuple[int, ...]
+  mesh: Mesh
+  param_sharding: PyTree
+  batch_sharding: NamedSharding
+  round_program: Callable
+  init: Callable
+  keeps_state: bool  # the round program leaves its input state intact (the state before a part survives it)
+
+
+def keeps_state(run: RunConfig) -> bool:
+  """Whether a learner keeps its state across a lost slice: several slices per learner, reconfiguring."""
+  return run.slices_per_learner > 1 and run.faults.learner_recovery == "reconfigure"
+
+
+def place(learner: int, slices: tuple[int, ...], groups: Sequence[Sequence[jax.Device]], run: RunConfig,
+          tx: optax.GradientTransformation, injector: injection.Injector | None) -> Placement:
+  """The learner's placement on `slices` (the devices of each in `groups`), its programs compiled there."""
+  if run.slices_per_learner == 1:
+    mesh, batch_axes = devices_lib.slice_mesh(groups[0]), "data"
+  else:
+    mesh, batch_axes = devices_lib.learner_mesh(groups), ("slice", "data")
+  hook = injection.device_check(injector, learner, mesh) if injector else None
+  keep = keeps_state(run)
+  return Placement(slices, mesh, lm.param_shardings(run.model, mesh, run.fsdp),
+                   NamedSharding(mesh, P(None, batch_axes)),
+                   jax.jit(make_round(run.model, tx, hook), donate_argnums=() if keep else 0),
+                   jax.jit(lambda p, step: init_state(p, tx, step)), keep)
+
+
+def moved(tree: PyTree, mesh: Mesh) -> PyTree:
+  """`tree` laid out the same way on another learner mesh of the same axes (fewer or more slices)."""
+  return jax.device_put(tree, jax.tree.map(lambda x: NamedSharding(mesh, x.sharding.spec), tree))
