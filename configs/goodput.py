@@ -58,6 +58,10 @@ def get_config() -> ml_collections.ConfigDict:
   # paper's rule of thumb (M learners on N chips = elastic data-parallel on N/M chips) needs a learner
   # to cost what an elastic reconfiguration costs.
   config.learner_recovery = "reconfigure"
+  # Steps of work a reconfiguring learner loses when one of its slices fails: what it had in flight. 1: the
+  # step (the paper's setting); the runtime dispatches a round as parts of H - τ and τ steps and loses the part
+  # in flight, which launch.sim_vs_runtime models with inflight_steps = H - τ.
+  config.inflight_steps = 1
   # Hot spare slices of data-parallel and of restarting learners, as a fraction of the job's slices
   # (rounded up); they are allocated, so they count in the goodput denominator. With none free a failed
   # slice waits for a spare or its own repair. 1% covers the slices in repair at 600 s repair but the

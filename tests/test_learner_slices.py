@@ -83,6 +83,7 @@ def test_losing_one_slice_it_trains_on_with_the_other_and_grows_back_when_the_sl
   _assert_trained_everything(result)
 
 
+@pytest.mark.slow  # CI time: the shrink/grow and restart tests stay in the default suite
 def test_reconfiguring_keeps_the_work_trained_before_the_part_in_flight(two_slice_learners):
   """The shrink loses only the part in flight; the restart loses everything not yet merged."""
   goodput = {}
@@ -102,6 +103,7 @@ def test_restart_sends_the_learner_down_and_it_rejoins_from_theta_on_a_full_set(
   _assert_trained_everything(result)
 
 
+@pytest.mark.slow  # CI time: the shrink/grow and restart tests stay in the default suite
 def test_a_spare_slice_takes_the_failed_ones_place(two_slice_learners):
   two_slice_learners.num_devices = two_slice_learners.slices = 5  # slice 4 is spare
   two_slice_learners.faults.spare_swap_seconds = 0.5
@@ -111,6 +113,7 @@ def test_a_spare_slice_takes_the_failed_ones_place(two_slice_learners):
   _assert_trained_everything(result)
 
 
+@pytest.mark.slow  # CI time: the shrink/grow and restart tests stay in the default suite
 def test_a_crash_of_the_whole_learner_takes_all_its_slices_down_and_it_restarts(two_slice_learners):
   """Its state is lost with every slice it lived on: it restarts from Θ on the first slice back (reconfigure) and
   grows onto the second."""

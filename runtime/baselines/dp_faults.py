@@ -86,6 +86,25 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
       ckpts.save(steps, state, dict(data=[s.state() for s in streams], tokens=tokens))
     if not elastic:
       save()
+
+    def first_failure() -> int:
+      return int(np.argmin([at for at, _ in failures_ahead]))
+
+    def fail(s: int) -> None:
+      """Slice s fails at its trace's time; its repair ends that long after (not after the failure is noticed)."""
+      nonlocal failures
+      at, repair = failures_ahead[s]
+      failures += 1
+      down_until[s] = at + repair
+      failures_ahead[s] = next(traces[s], (float("inf"), 0.0))
+      logger.log("fault", dict(fault="crash", slice=s, time=at))
+
+    def absorb(until: float) -> None:
+      """Failures before `until` fall inside the downtime that ends then, which handles them (as the simulator
+      does): they take their slices down without a downtime of their own."""
+      while failures_ahead[first_failure()][0] < until:
+        fail(first_failure())
+
     while tokens < run.token_budget and t < give_up_at:
       healthy = tuple(s for s in range(active) if down_until[s] <= t)
       if not elastic and len(healthy) < active:
@@ -98,23 +117,23 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
       if elastic and healthy != alive:
         if healthy:
           t += f.reconfig_seconds
-        else:
+          absorb(t)  # slices failing during the reconfiguration are dropped by it too
+          healthy = tuple(s for s in healthy if down_until[s] <= t)
+        if not healthy:
           t = min(down_until[:active])  # every slice down: wait for the first repair
           continue
         alive = healthy
         mesh, state_sh, step_fn = programs.get(alive)
         state = jax.device_put(state, state_sh)
-      crash_s = int(np.argmin([at for at, _ in failures_ahead]))
+      crash_s = first_failure()
       if failures_ahead[crash_s][0] < t + step_s:  # a slice fails before this step completes
-        failures += 1
         t = max(t, failures_ahead[crash_s][0])
-        down_until[crash_s] = t + failures_ahead[crash_s][1]
-        failures_ahead[crash_s] = next(traces[crash_s], (float("inf"), 0.0))
-        logger.log("fault", dict(fault="crash", slice=crash_s, time=t))
+        fail(crash_s)
         in_use = crash_s in (alive if elastic else full)
         if elastic or not in_use:
           continue  # the in-flight step is lost (not applied); elastic DP reconfigures next iteration
         t += f.restart_seconds
+        absorb(t)  # slices failing during the restart are handled by it too (they wait for repair or a spare)
         lost += sum(x for x, _ in since_ckpt)
         advanced -= sum(y for _, y in since_ckpt)
         since_ckpt = []

@@ -50,6 +50,7 @@ class ClusterSimConfig:
   reconfig_s: float
   checkpoint_every_steps: int
   sync_every_steps: int
+  inflight_steps: int
   learner_recovery: str
   spare_fraction: float
   round_wait_s: float
@@ -111,7 +112,7 @@ def from_config_dict(config: ml_collections.ConfigDict) -> ClusterSimConfig:
   number |= {f: _number(f, config[f], 0.0, strict=False)
              for f in ("repair_s", "restart_s", "reconfig_s", "speed_jitter", "spare_fraction",
                        "round_wait_s", "syncer_mtbi_days", "syncer_restart_s")}
-  for field in ("slice_chips", "checkpoint_every_steps", "sync_every_steps", "seeds"):
+  for field in ("slice_chips", "checkpoint_every_steps", "sync_every_steps", "inflight_steps", "seeds"):
     check(_is_int(config[field], 1), field, config[field], "an int >= 1")
   check(_is_int(config.seed, 0), "seed", config.seed, "an int >= 0")
   check(_is_int(config.quorum, 1) and config.quorum <= min(learners), "quorum", config.quorum,
@@ -127,6 +128,6 @@ def from_config_dict(config: ml_collections.ConfigDict) -> ClusterSimConfig:
   return ClusterSimConfig(
       chips=chips, learners=learners, quorum=config.quorum, slice_chips=config.slice_chips,
       checkpoint_every_steps=config.checkpoint_every_steps,
-      sync_every_steps=config.sync_every_steps,
+      sync_every_steps=config.sync_every_steps, inflight_steps=config.inflight_steps,
       learner_recovery=config.learner_recovery, seeds=config.seeds, seed=config.seed,
       calibrate=config.calibrate, calibration_chips=config.calibration_chips, **number)

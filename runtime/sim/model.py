@@ -104,7 +104,7 @@ def evaluate(config: ClusterSimConfig, trace: FailureTrace) -> tuple[float, floa
   efficiency = straggler_efficiency(group, config.speed_jitter)
   wall_step_s = trace.step_s * (1.0 + config.speed_jitter * expected_max_abs_normal(group))
   round_s = config.sync_every_steps * wall_step_s + config.round_wait_s
-  save_s = (round_s if restart else wall_step_s) if decoupled else (
+  save_s = (round_s if restart else config.inflight_steps * wall_step_s) if decoupled else (
       config.checkpoint_every_steps * wall_step_s if restart else wall_step_s)
   unit, fail, repaired = trace.slice_of // per_learner, trace.fail_s, trace.repaired_s
 
