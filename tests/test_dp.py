@@ -69,10 +69,11 @@ def test_elastic_dp_pays_a_reconfiguration_to_drop_and_to_readd_the_slice(one_cr
 def test_dp_without_elasticity_restarts_from_its_checkpoint(one_crash):
   one_crash.mode = "dp_restart"
   result = _run(one_crash)
-  # 5 steps, crash at 5.5, restart (+30 s) from the step-0 checkpoint, then all 24 steps: 59.5 s.
-  assert result.virtual_seconds == pytest.approx(59.5)
-  assert result.extras["goodput"] == pytest.approx((29 - 5) * 4 / (4 * 59.5))
-  assert result.extras["uptime"] == pytest.approx(24 / 59.5)
+  # 5 steps, crash at 5.5, no spare: wait for the repair (10.5), restart (+30 s) from the step-0 checkpoint, then
+  # all 24 steps: 64.5 s.
+  assert result.virtual_seconds == pytest.approx(64.5)
+  assert result.extras["goodput"] == pytest.approx((29 - 5) * 4 / (4 * 64.5))
+  assert result.extras["uptime"] == pytest.approx(24 / 64.5)
 
 
 def test_dp_restart_restores_its_checkpoint_from_disk_and_ends_as_if_never_crashed(one_crash, tmp_path, monkeypatch):
@@ -81,7 +82,7 @@ def test_dp_restart_restores_its_checkpoint_from_disk_and_ends_as_if_never_crash
   one_crash.mode = "dp_restart"
   crashed = _run(one_crash, tmp_path)
   assert crashed.extras["restores"] == 1 and crashed.extras["checkpoint_saves"] == 3  # steps 0, 10, 20
-  assert crashed.virtual_seconds == pytest.approx(12.5 + 30 + 14)
+  assert crashed.virtual_seconds == pytest.approx(12.5 + 5 + 30 + 14)  # failed, repaired, restarted, 14 more steps
   assert not list((tmp_path / "dp").glob("restart-checkpoints-*"))  # removed with the run's end
   monkeypatch.setattr(plan, "crash_times", lambda cfg, s, seed: iter([]))
   calm = _run(one_crash)

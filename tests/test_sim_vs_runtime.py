@@ -39,6 +39,14 @@ def replay(tiny_config, tmp_path):
   return go
 
 
+def test_restarting_dp_replays_the_trace_to_the_simulators_goodput(replay):
+  """DP with one hot spare loses exactly what the simulator says on the same failures: rollbacks to its
+  checkpoints, waits for a spare or a repair, restarts."""
+  result, simulated = replay(validation.rows(())[0], 1)
+  assert result.extras["goodput"] == pytest.approx(simulated, abs=1e-9)
+  assert 0.1 < simulated < 0.9
+
+
 def test_elastic_dp_replays_the_trace_to_within_a_point_of_the_simulators_goodput(replay):
   """Elastic DP on the same failures loses what the simulator says it loses (the runtime re-adds a repaired slice at
   its next step boundary, the simulator at the repair: a fraction of a point here)."""

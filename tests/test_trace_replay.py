@@ -48,9 +48,9 @@ def test_dp_restart_with_one_spare_waits_when_two_slices_are_down(tiny_config, t
   tiny_config.faults.checkpoint_every = 10
   tiny_config.faults.trace = _trace(tmp_path, {1: [[5.5, 25.5]], 2: [[9.0, 29.0]]}, slices=4)
   result = _run(tiny_config, "dp")
-  # Crash at 5.5, restart (+2) on the spare from step 0; crash at 9.0, restart (+2) at 11.0 but two slices are
-  # down and one spare is left: wait for slice 1 (25.5), then all 24 steps from the step-0 checkpoint.
-  assert result.virtual_seconds == pytest.approx(25.5 + 24)
+  # Crash at 5.5, restart (+2) on the spare from step 0; crash at 9.0: the spare stands in for slice 1 until its
+  # repair (25.5), so the job waits for it, restarts (+2) and trains all 24 steps from the step-0 checkpoint.
+  assert result.virtual_seconds == pytest.approx(25.5 + 2 + 24)
   assert result.extras["faults"] == 2
 
 

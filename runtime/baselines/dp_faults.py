@@ -1,8 +1,9 @@
 """Data-parallel baselines under the same fault trace, in virtual time with real training steps.
 
 Both run synchronous steps over every healthy slice. Without elasticity, any failure stops the
-whole job: it pays a restart, loses the steps since its last checkpoint, and waits for the slice
-to be repaired (or a hot spare). Its checkpoints are real: saved with `Checkpoints` (orbax, asynchronous) every
+whole job: it loses the steps since its last checkpoint, waits for a hot spare (first come first served; a spare
+is free again when the slice it stood in for is repaired) or the slice's repair, then pays a restart; failures
+meanwhile are handled by the same restart (the goodput simulator's semantics, runtime/sim/model.py). Its checkpoints are real: saved with `Checkpoints` (orbax, asynchronous) every
 `faults.checkpoint_every` steps and restored from disk at each restart, whose wall time is reported beside the
 modeled `faults.restart_seconds`. Elastic DP pays a short reconfiguration, continues on the
 surviving slices with a smaller global batch, and pays it again when the slice returns.
@@ -63,6 +64,9 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
   traces = [replay.slice_failures(f, s, run.seed) for s in range(len(slices))]
   failures_ahead = [next(tr, (float("inf"), 0.0)) for tr in traces]  # each slice's next (time, repair seconds)
   down_until = [0.0] * len(slices)
+  spares = len(slices) - active  # dp_restart: hot spares (they never fail while they stand in, as in the simulator)
+  repairs: list[float] = []  # dp_restart: when each failed slice of the job is back, in failure order
+  resume_at = last_ready = 0.0  # dp_restart: when the job is up again / when its latest failure had a spare
   step_s = run.clock.step_seconds * max(run.clock.speeds or (1.0,))
 
   full = tuple(range(active))
@@ -93,9 +97,17 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
     def fail(s: int) -> None:
       """Slice s fails at its trace's time; its repair ends that long after (not after the failure is noticed)."""
       nonlocal failures
+      nonlocal resume_at, last_ready
       at, repair = failures_ahead[s]
       failures += 1
       down_until[s] = at + repair
+      if not elastic and s < active:  # the job is down until this slice has a spare (or is back), then restarts
+        n = len(repairs)
+        ready = at + repair if not spares else at if n < spares else min(max(at, repairs[n - spares]), at + repair)
+        last_ready = max(last_ready, ready)  # spares first come first served, to the earlier failure first
+        repairs.append(at + repair)
+        if last_ready >= resume_at:  # a spare ready during a restart joins that restart
+          resume_at = last_ready + f.restart_seconds
       failures_ahead[s] = next(traces[s], (float("inf"), 0.0))
       logger.log("fault", dict(fault="crash", slice=s, time=at))
 
@@ -107,13 +119,11 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
 
     while tokens < run.token_budget and t < give_up_at:
       healthy = tuple(s for s in range(active) if down_until[s] <= t)
-      if not elastic and len(healthy) < active:
-        down = sorted(down_until[s] for s in range(active) if down_until[s] > t)
-        free = sum(down_until[s] <= t for s in range(active, len(slices)))  # healthy spares
-        if len(down) > free:
-          t = max(t, down[len(down) - free - 1])  # idle until enough slices are repaired for the spares to cover
-          continue
-        healthy = full  # hot spares stand in
+      if not elastic and t < resume_at:  # down: failures meanwhile are handled by the same restart
+        while failures_ahead[first_failure()][0] < resume_at:
+          fail(first_failure())
+        t = resume_at
+        continue
       if elastic and healthy != alive:
         if healthy:
           t += f.reconfig_seconds
@@ -132,8 +142,6 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
         in_use = crash_s in (alive if elastic else full)
         if elastic or not in_use:
           continue  # the in-flight step is lost (not applied); elastic DP reconfigures next iteration
-        t += f.restart_seconds
-        absorb(t)  # slices failing during the restart are handled by it too (they wait for repair or a spare)
         lost += sum(x for x, _ in since_ckpt)
         advanced -= sum(y for _, y in since_ckpt)
         since_ckpt = []
