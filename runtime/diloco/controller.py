@@ -38,6 +38,7 @@ from runtime.faults.plan import CrashPlan, crash_times, timed_events
 from runtime.optim import inner_optimizer
 from runtime.programs import init_state
 from runtime.slice_pool import SlicePool
+from runtime.wire.codecs import Codec
 
 
 class Controller(Recovery, Membership, Durability):
@@ -58,7 +59,8 @@ class Controller(Recovery, Membership, Durability):
     self.pool = SlicePool(run.num_slices, in_use=run.learners)  # lent slices are not its to give
     theta = jax.jit(lm.init_params, static_argnums=0, out_shardings=self.host_sharding)(
         run.model, jax.random.key(run.seed))
-    self.syncer = Syncer(run.outer, theta, len(self.learners), run.overlap_steps)
+    codec = Codec(run.compression, theta) if run.compression.up != "none" else None
+    self.syncer = Syncer(run.outer, theta, len(self.learners), run.overlap_steps, codec)
     shares = [run.learner_batch(m) * run.learners / run.data.batch_size for m in range(len(self.learners))]
     self.clock = make_clock(run.clock, len(self.learners), run.seed, shares)
     self.links = Links(self.clock.transfer_seconds, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(theta)))
@@ -226,7 +228,7 @@ class Controller(Recovery, Membership, Durability):
 
   def _send_report(self, learner: Learner, now: float) -> None:
     report = learner.report(now, self.host_sharding)
-    delay = self.links.send_up(learner.index, now)
+    delay = self.links.send_up(learner.index, now, report.payload)
     if delay is None:  # as if never sent: the learner times out and trains it again
       self.log.fault("link_drop", learner.index, now, f"report of {report.tokens} tokens lost")
       self.ledger.lost(report.busy_seconds)

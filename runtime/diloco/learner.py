@@ -26,6 +26,7 @@ from runtime.diloco.messages import Delivery, Failure, Report, RoundPart
 from runtime.faults import injection
 from runtime.programs import TrainState, init_state, make_round, schedule_at
 from runtime.staging import Stager
+from runtime.wire.uplink import Uplink
 
 PyTree = Any
 
@@ -75,6 +76,7 @@ class Learner:
     self._finished_at = float("nan")
     self._state_since = 0.0
     self._absent_seconds = 0.0  # time without a slice of lent capacity (not counted in its busy fraction)
+    self.uplink = Uplink(run.compression) if run.compression.up != "none" else None  # compressed reports
 
   # Placement ---------------------------------------------------------------------------------------
 
@@ -93,6 +95,8 @@ class Learner:
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
     """Starts from Θ with fresh inner optimizer state (initial start, rejoin, quarantine)."""
     params = _copy_to(theta_host, self.param_sharding)
+    if self.uplink:
+      self.uplink.start(params)
     self.state = self._init(params, self.total_steps)
     self._new_round(version, now)
 
@@ -157,14 +161,16 @@ class Learner:
 
   def report(self, now: float, host_sharding: jax.sharding.Sharding) -> Report:
     """θ_m and what it was trained on since Θ, copied explicitly onto the syncer's host device."""
-    params = _copy_to(self.state.params, host_sharding)
+    how, self._corrupt_next = self._corrupt_next, ""
+    payload = self.uplink.encode(self.state.params, how) if self.uplink else None  # quantized on the slice
+    params = None if payload else _copy_to(self.state.params, host_sharding)
     if self.run.overlap_steps and self.run.outer.receive == "carry":
       self._at_report = _fresh_copy(self.state.params)  # the next round donates the state's buffers
-    if self._corrupt_next:
-      params, self._corrupt_next = injection.corrupt(params, self._corrupt_next), ""
+    if how and not payload:
+      params = injection.corrupt(params, how)
     return Report(self.index, params, self.tokens, self.steps, self.base_version, self.last_loss, sent_at=now,
                   data_start=self._round_start, data_end=self._data.position, busy_seconds=self._unreported_busy,
-                  round=self.round, total_steps=self.total_steps)
+                  round=self.round, total_steps=self.total_steps, payload=payload)
 
   def report_sent(self, report: Report) -> None:
     """The report is on its way: its data counts as reported until the syncer answers."""
@@ -206,6 +212,8 @@ class Learner:
       self.reset(delivery.params, delivery.version, now)
       return written_off
     theta = _copy_to(delivery.params, self.param_sharding)
+    if self.uplink:  # a lost report's residual goes with its work
+      self.uplink.start(theta, keep_residual=delivery.rewind_to is None)
     if keep and receive == "carry":
       theta = _carry(theta, self.state.params, self._at_report)
     elif receive == "mix" and delivery.rewind_to is None:  # rewound work is trained again, not mixed in

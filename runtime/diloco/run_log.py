@@ -134,7 +134,9 @@ class RunLog:
                     goodput=ledger.goodput(now),
                     uptime=uptime([(a, b) for _, a, b, state in intervals if state == TRAINING], now),
                     faults=sum(f["fault"] in INJECTED for f in self.faults),
-                    bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down),
+                    bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down,
+                    bytes_per_report=self.links.bytes_up / max(self.links.reports_up, 1),
+                    bytes_per_token=(self.links.bytes_up + self.links.bytes_down) / max(self.tokens_merged, 1)),
         details=dict(busy=busy, intervals=intervals, merge_times=[m["time"] for m in self.merges],
                      merged_ranges=list(self.merged_ranges), faults=list(self.faults),
                      completions=[list(l.completions) for l in learners]))

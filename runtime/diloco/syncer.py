@@ -19,6 +19,8 @@ from runtime.config import OuterConfig
 from runtime.diloco import merge as merge_lib
 from runtime.diloco import snapshot as snapshot_lib
 from runtime.diloco.messages import Delivery, Report
+from runtime.wire.codecs import Codec
+from runtime.wire.payload import CorruptPayload
 
 PyTree = Any
 
@@ -89,8 +91,10 @@ class Syncer:
   """Holds Θ, its history for learners still working from old versions, the outer optimizer, the
   reports waiting to be merged, and the moving averages behind the grace window."""
 
-  def __init__(self, cfg: OuterConfig, params: PyTree, num_learners: int, overlap_steps: int = 0):
+  def __init__(self, cfg: OuterConfig, params: PyTree, num_learners: int, overlap_steps: int = 0,
+               codec: Codec | None = None):
     self.cfg = cfg
+    self.codec = codec  # decodes compressed reports (compression.up != "none")
     self.num_learners = num_learners  # the most learners there can be (merge sizes are compiled up to it)
     self.tx = outer_optimizer(cfg)
     self.version = 0
@@ -108,6 +112,7 @@ class Syncer:
     self.xi_step, self.xi_quorum, self.xi_sync = (Ema(cfg.ema_decay) for _ in range(3))
     mean_for = merge_lib.is_embedding if cfg.embed_mean else None
     self._delta = jax.jit(outer_delta)
+    self._rebuild = jax.jit(lambda base, delta: jax.tree.map(lambda b, d: b - d.astype(b.dtype), base, delta))
     # The deltas (argument 2) are temporaries of this merge.
     self._step = jax.jit(functools.partial(outer_step, tx=self.tx, method=cfg.merge, mean_for=mean_for),
                          donate_argnums=2)
@@ -174,11 +179,13 @@ class Syncer:
     """Screens and merges `reports` into a new Θ; pure with respect to the syncer (see commit).
 
     `members`: the learners present when the merge began (default: all there can be)."""
-    deltas, norms = zip(*(self._delta(self.reference(r), r.params) for r in reports))
+    opened = [self._open(r) for r in reports]
+    deltas, norms = zip(*(self._delta(self.reference(r), p) if not why else (None, np.float32(np.nan))
+                          for r, (p, why) in zip(reports, opened)))
     norms = np.asarray(jax.device_get(norms), np.float64)
     keep, quarantined = [], []
     for i, (report, norm) in enumerate(zip(reports, norms)):
-      reason = self._screen(norm)
+      reason = opened[i][1] or self._screen(norm)
       if reason:
         quarantined.append((report.learner, reason))
       else:
@@ -213,6 +220,18 @@ class Syncer:
         staleness=tuple(self.version - r.base_version for r in kept),
         delta_norms=tuple(float(norms[i]) for i in keep), update_norm=update_norm,
         tokens=sum(r.tokens for r in kept), steps=sum(r.steps for r in kept))
+
+  def _open(self, report: Report) -> tuple[PyTree, str]:
+    """θ_m of a report: sent whole, or rebuilt from its compressed outer gradient as Θ_base − Δ̂_m; or why not."""
+    if report.payload is None:
+      return report.params, ""
+    if report.base_version not in self._history:
+      return None, f"its base Θ (version {report.base_version}) is gone"
+    try:
+      delta = self.codec.open(report.payload)  # dequantized on the host CPU
+    except CorruptPayload as error:
+      return None, f"corrupt payload: {error}"
+    return self._rebuild(self._history[report.base_version], jax.device_put(delta, self._sharding)), ""
 
   def compile_merges(self) -> None:
     """Compiles the outer step for every merge size ahead of the first merge (run it off the critical path)."""
