@@ -197,4 +197,4 @@ def test_int4_and_topk_reports_train_about_as_well_as_full_ones(tiny_config):
     losses[up], sizes[up] = result.final_eval_loss, result.extras["bytes_per_report"]
   assert losses["int4"] == pytest.approx(losses["none"], rel=0.01)
   assert losses["topk"] == pytest.approx(losses["none"], rel=0.08)
-  assert sizes["none"] > 6 * sizes["int4"] and sizes["none"] > 15 * sizes["topk"]
+  assert sizes["none"] > 7 * sizes["int4"] and sizes["none"] > 9 * sizes["topk"]  # top-k: 10% as bf16 + uint16
