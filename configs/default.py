@@ -180,6 +180,20 @@ def get_config() -> ml_collections.ConfigDict:
   # The syncer's cost of one merge, modeled seconds.
   config.clock.merge_seconds = 0.0
 
+  config.links = ml_collections.ConfigDict()
+  # Regions: learner m sits in region m mod num_regions (the syncer in region 0); 1 = everyone in one region.
+  config.links.num_regions = 1
+  # Or each learner's region, e.g. (0, 0, 1, 1) (empty = round-robin over num_regions).
+  config.links.regions = ()
+  # Each region's link to the others, bytes per modeled second each way, shared by its learners (transfers on it
+  # queue); a learner outside region 0 reaches the syncer over its own link (clock.*) and this one.
+  config.links.inter_region_bandwidth_bytes_per_s = 1e9
+  # Latency of the inter-region link, modeled seconds.
+  config.links.inter_region_latency_s = 0.0
+  # The link model's per-merge records and DP's gradient all-reduce time even in one region (on anyway with
+  # more than one region; off by default, so that recorded runs keep their numbers).
+  config.links.enabled = False
+
   config.faults = ml_collections.ConfigDict()
   # Scheduled faults, ';'-separated: crash (time= or step=, repair=), straggler (duration=, factor=),
   # corrupt (how=nan|inf|huge, or flip|truncate a compressed report's bytes), link (duration=, mode=delay|drop),

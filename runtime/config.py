@@ -15,6 +15,7 @@ from runtime.data import SHARD_LAYOUTS
 from runtime.errors import ConfigError, check
 from runtime.faults import plan as fault_plan
 from runtime.faults.plan import FaultConfig, parse_schedule
+from runtime.network import config as links_config
 from runtime.wire import config as wire_config
 
 MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
@@ -116,6 +117,7 @@ class RunConfig:
   faults: FaultConfig = dataclasses.field(default_factory=FaultConfig)
   capacity: capacity_lib.CapacityConfig = dataclasses.field(default_factory=capacity_lib.CapacityConfig)
   compression: wire_config.CompressionConfig = dataclasses.field(default_factory=wire_config.CompressionConfig)
+  links: links_config.LinksConfig = dataclasses.field(default_factory=links_config.LinksConfig)
   mode: str = "decoupled"
   seed: int = 0
   num_devices: int = 8  # simulated CPU devices (ignored on real accelerators)
@@ -246,7 +248,8 @@ def _build_model(cfg: ml_collections.ConfigDict | None) -> ModelConfig:
 
 
 SECTIONS = dict(model=ModelConfig, data=DataConfig, inner=InnerOptConfig, outer=OuterConfig, clock=ClockConfig,
-                faults=FaultConfig, capacity=capacity_lib.CapacityConfig, compression=wire_config.CompressionConfig)
+                faults=FaultConfig, capacity=capacity_lib.CapacityConfig, compression=wire_config.CompressionConfig,
+                links=links_config.LinksConfig)
 
 
 def from_config_dict(cfg: ml_collections.ConfigDict) -> RunConfig:
@@ -388,5 +391,6 @@ def validate(run: RunConfig) -> None:
   check(o.divergence_merges >= 1, "outer.divergence_merges", o.divergence_merges, "an integer >= 1")
   fault_plan.validate(run)
   wire_config.validate(run)
+  links_config.validate(run)
   check(c.latency_s >= 0 and c.merge_seconds >= 0, "clock.latency_s/clock.merge_seconds",
          (c.latency_s, c.merge_seconds), "floats >= 0")

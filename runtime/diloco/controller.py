@@ -63,7 +63,7 @@ class Controller(Recovery, Membership, Durability):
     self.syncer = Syncer(run.outer, theta, len(self.learners), run.overlap_steps, codec)
     shares = [run.learner_batch(m) * run.learners / run.data.batch_size for m in range(len(self.learners))]
     self.clock = make_clock(run.clock, len(self.learners), run.seed, shares)
-    self.links = Links(self.clock.transfer_seconds, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(theta)))
+    self.links = Links(run, self.clock.transfer_seconds, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(theta)))
     self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="syncer")
     self.worker.submit(self.syncer.compile_merges)  # every merge size, before the first merge needs one
     self.ledger = Ledger(num_slices=run.num_slices)
@@ -300,10 +300,10 @@ class Controller(Recovery, Membership, Durability):
     if self.syncer.divergence():
       raise TrainingDiverged(self.syncer.divergence())
     self.merge_state = "idle"
-    transfer = self.links.down_seconds()
-    self.syncer.observe_sync(2 * transfer + now - started)  # report up, merge, Θ down
+    transfers = [self.links.send_down(report.learner, now) for report in reports]  # Θ down, each on its path
+    self.syncer.observe_sync(2 * max(transfers) + now - started)  # report up, merge, Θ down
     quarantined = dict(result.quarantined)
-    for report in reports:
+    for report, transfer in zip(reports, transfers):
       merged = report.learner not in quarantined
       self.learners[report.learner].report_settled(report, merged)
       if not merged and self.learners[report.learner].status == ABSENT:  # it left: its data is served to others
@@ -315,7 +315,6 @@ class Controller(Recovery, Membership, Durability):
         self.log.fault("quarantine", report.learner, now, quarantined[report.learner])
         self._write_off(report.tokens)
         self.ledger.lost(report.busy_seconds)
-      self.links.sent_down()
       verdict = "merged" if merged else "quarantined"
       self.clock.after(transfer, Event("params_arrived", report.learner, self.syncer.answer(report, verdict)))
     for m, s in self.pool.held():

@@ -104,6 +104,7 @@ class Syncer:
     self.opt_state = jax.jit(self.tx.init, out_shardings=self._sharding)(params)
     self._overlap_steps = overlap_steps
     self._history: dict[int, PyTree] = {0: params}
+    self._sent: dict[int, int] = {}  # learner -> the Θ version last sent to it (kept while it may be on its way)
     self._accepted_norm_ema: float | None = None
     self._pending: list[Report] = []
     self._failed_merges = 0  # merges in a row that committed nothing, and their reasons
@@ -260,13 +261,14 @@ class Syncer:
       ema = self._accepted_norm_ema
       self._accepted_norm_ema = mean_norm if not ema else 0.9 * ema + 0.1 * mean_norm
     self._history[self.version] = self.params
-    keep = set(live_versions) | {self.version}
+    keep = set(live_versions) | set(self._sent.values()) | {self.version}
     self._history = {v: p for v, p in self._history.items() if v in keep}
 
   def answer(self, report: Report, verdict: str) -> Delivery:
     """The current Θ for the learner of a report that was "merged", "quarantined" (the learner starts
     afresh from Θ and trains that report's data again) or "lost" on its link (it trains it again)."""
     rewind_to = None if verdict == "merged" else report.data_start
+    self._sent[report.learner] = self.version  # its next report may be measured from it, adopted after a slow trip
     return Delivery(self.version, self.params, report.round, reset=verdict == "quarantined", rewind_to=rewind_to)
 
   def divergence(self) -> str:
@@ -303,7 +305,7 @@ class Syncer:
                 opt_state=packer.tree(self.opt_state, "outer"),
                 history=[[v, packer.tree(p, "params")] for v, p in self._history.items()],
                 accepted_norm_ema=self._accepted_norm_ema, pending=[packer.value(r) for r in self._pending],
-                failed_merges=self._failed_merges, failed=list(self._failed),
+                failed_merges=self._failed_merges, failed=list(self._failed), sent=sorted(self._sent.items()),
                 emas=[e.snapshot() for e in (self.xi_step, self.xi_quorum, self.xi_sync)])
 
   def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker) -> None:
@@ -313,6 +315,7 @@ class Syncer:
     self._accepted_norm_ema = saved["accepted_norm_ema"]
     self._pending = [unpacker.value(r) for r in saved["pending"]]
     self._failed_merges, self._failed = saved["failed_merges"], list(saved["failed"])
+    self._sent = dict(saved.get("sent", []))  # (checkpoints from before it was kept)
     for ema, state in zip((self.xi_step, self.xi_quorum, self.xi_sync), saved["emas"]):
       ema.restore(state)
 
