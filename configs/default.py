@@ -184,11 +184,25 @@ def get_config() -> ml_collections.ConfigDict:
   # The syncer's cost of one merge, modeled seconds.
   config.clock.merge_seconds = 0.0
 
+  config.links = ml_collections.ConfigDict()
+  # Regions: learner m sits in region m mod num_regions (the syncer in region 0); 1 = everyone in one region.
+  config.links.num_regions = 1
+  # Or each learner's region, e.g. (0, 0, 1, 1) (empty = round-robin over num_regions).
+  config.links.regions = ()
+  # Each region's link to the others, bytes per modeled second each way, shared by its learners (transfers on it
+  # queue); a learner outside region 0 reaches the syncer over its own link (clock.*) and this one.
+  config.links.inter_region_bandwidth_bytes_per_s = 1e9
+  # Latency of the inter-region link, modeled seconds.
+  config.links.inter_region_latency_s = 0.0
+  # The link model's per-merge records and DP's gradient all-reduce time even in one region (on anyway with
+  # more than one region; off by default, so that recorded runs keep their numbers).
+  config.links.enabled = False
+
   config.faults = ml_collections.ConfigDict()
   # Scheduled faults, ';'-separated: crash (time= or step=, repair=, slice=J: only the J-th slice of a learner of
-  # several; without it every slice of the learner fails), straggler (duration=, factor=),
-  # corrupt (how=nan|inf|huge), link (duration=, mode=delay|drop), bug (a program error from time= on: stops the
-  # learner for good); every one names learner= and time=.
+  # several; without it every slice of the learner fails), straggler (duration=, factor=), corrupt (how=nan|inf|huge,
+  # or flip|truncate a compressed report's bytes), link (duration=, mode=delay|drop), bug (a program error from time=
+  # on: stops the learner for good); every one names learner= and time=.
   config.faults.schedule = ""
   # Random crashes: per-chip mean time between interruptions, modeled seconds (0 = none).
   config.faults.mtbi_chip_seconds = 0.0
@@ -226,4 +240,19 @@ def get_config() -> ml_collections.ConfigDict:
   # again). Each lent slice runs one more learner (current Θ, fresh inner state) until it is reclaimed; the
   # devices are shared among learners + lent slices (num_devices must divide). Needs data.assignment='service'.
   config.capacity.schedule = ""
+
+  config.compression = ml_collections.ConfigDict()
+  # Reports learner -> syncer: "none" (θ_m whole, fp32), or the outer gradient Δ_m = Θ − θ_m quantized on the
+  # learner's slice and dequantized on the syncer's CPU: "bf16", "int8"/"int4" (block-wise scales), "topk" (the
+  # largest values and their indices). Θ goes down whole (fp32). Not with checkpoints yet.
+  config.compression.up = "none"
+  # int8/int4 (and top-k's int values): values per fp32 scale.
+  config.compression.block_size = 256
+  # topk: each tensor sends ceil(topk_fraction × its size) values, the largest in magnitude.
+  config.compression.topk_fraction = 0.01
+  # topk: the format of the values sent (fp32, bf16, int8, int4).
+  config.compression.topk_values = "bf16"
+  # Error feedback: what a lossy codec did not send stays on the learner and joins its next outer gradient
+  # (dropped when its work never reaches Θ: a restart, a quarantined or a lost report).
+  config.compression.error_feedback = True
   return config

@@ -247,10 +247,19 @@ def run_name(config: ml_collections.ConfigDict) -> str:
 
 def integers(flag: str, values: Sequence[str]) -> list[int]:
   """A list flag's values as integers; anything else is a usage error naming the flag (exit 2)."""
+  return _parsed(flag, values, int, "integers")
+
+
+def floats(flag: str, values: Sequence[str]) -> list[float]:
+  """A list flag's values as numbers; anything else is a usage error naming the flag (exit 2)."""
+  return _parsed(flag, values, float, "numbers")
+
+
+def _parsed(flag: str, values: Sequence[str], kind: type, what: str) -> list:
   try:
-    return [int(v) for v in values]
+    return [kind(v) for v in values]
   except ValueError:
-    fail(f"--{flag}={','.join(values)}: allowed a comma-separated list of integers")
+    fail(f"--{flag}={','.join(values)}: allowed a comma-separated list of {what}")
   raise AssertionError("unreachable")
 
 

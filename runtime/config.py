@@ -16,6 +16,8 @@ from runtime.data import SHARD_LAYOUTS
 from runtime.errors import ConfigError, check
 from runtime.faults import plan as fault_plan, replay as fault_replay
 from runtime.faults.plan import FaultConfig, parse_schedule
+from runtime.network import config as links_config
+from runtime.wire import config as wire_config
 
 MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
 CHECKPOINT_MODES = ("dp", "decoupled", "diloco_sync")  # modes a killed run resumes from its checkpoints in
@@ -115,6 +117,8 @@ class RunConfig:
   clock: ClockConfig = dataclasses.field(default_factory=ClockConfig)
   faults: FaultConfig = dataclasses.field(default_factory=FaultConfig)
   capacity: capacity_lib.CapacityConfig = dataclasses.field(default_factory=capacity_lib.CapacityConfig)
+  compression: wire_config.CompressionConfig = dataclasses.field(default_factory=wire_config.CompressionConfig)
+  links: links_config.LinksConfig = dataclasses.field(default_factory=links_config.LinksConfig)
   mode: str = "decoupled"
   seed: int = 0
   num_devices: int = 8  # simulated CPU devices (ignored on real accelerators)
@@ -246,7 +250,8 @@ def _build_model(cfg: ml_collections.ConfigDict | None) -> ModelConfig:
 
 
 SECTIONS = dict(model=ModelConfig, data=DataConfig, inner=InnerOptConfig, outer=OuterConfig, clock=ClockConfig,
-                faults=FaultConfig, capacity=capacity_lib.CapacityConfig)
+                faults=FaultConfig, capacity=capacity_lib.CapacityConfig, compression=wire_config.CompressionConfig,
+                links=links_config.LinksConfig)
 
 
 def from_config_dict(cfg: ml_collections.ConfigDict) -> RunConfig:
@@ -389,5 +394,6 @@ def validate(run: RunConfig) -> None:
   check(o.max_update_ratio > 0, "outer.max_update_ratio", o.max_update_ratio, "a float > 0")
   check(o.divergence_merges >= 1, "outer.divergence_merges", o.divergence_merges, "an integer >= 1")
   fault_plan.validate(run), fault_replay.validate(run)
+  wire_config.validate(run), links_config.validate(run)
   check(c.latency_s >= 0 and c.merge_seconds >= 0, "clock.latency_s/clock.merge_seconds",
          (c.latency_s, c.merge_seconds), "floats >= 0")

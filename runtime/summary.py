@@ -132,6 +132,26 @@ def write_experiment(rows: list[dict], columns: Sequence[str], title: str, workd
                 title=plot_title)
 
 
+def plot_lines(series: Mapping[str, Sequence[tuple[float, float]]], path: str | os.PathLike, *, x_label: str,
+               y_label: str, title: str = "", log: bool = False) -> pathlib.Path:
+  """Writes one line per series of (x, y) points (log-log axes if `log`) as a PNG at `path`."""
+  figure = Figure(figsize=(7.0, 4.5), layout="constrained")
+  ax = figure.subplots()
+  for name, points in series.items():
+    xs, ys = zip(*sorted(points))
+    ax.plot(xs, ys, marker="o", label=name)
+  if log:
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+  ax.set_xlabel(x_label)
+  ax.set_ylabel(y_label)
+  ax.grid(True, alpha=0.3)
+  ax.legend(fontsize="small")
+  if title:
+    ax.set_title(title, fontsize="small")
+  return _save(figure, path)
+
+
 def plot_curves(runs: Mapping[str, Sequence[Mapping[str, object]]], path: str | os.PathLike,
                 **options: Any) -> pathlib.Path:
   """Writes `curves_figure(runs, **options)` as a PNG at `path`."""

@@ -14,6 +14,7 @@ from runtime import devices as devices_lib
 from runtime.checkpoint import Checkpoints
 from runtime.config import RunConfig
 from runtime.experiment import Experiment, RunResult, Stopwatch, host, make_logger, run_time_kind
+from runtime.network import allreduce
 from runtime.optim import inner_lr, inner_optimizer
 from runtime.programs import init_state, make_train_step
 
@@ -32,8 +33,10 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
   stream = data_lib.Prefetcher(exp.shard(0, 1, run.data.batch_size), depth=run.data.prefetch,
                                transform=lambda b: jax.device_put(b, batch_sh))
   wall = Stopwatch()
-  # Under the virtual clock a DP step takes the modeled step time of the slowest device group.
-  step_s = run.clock.step_seconds * max(run.clock.speeds or (1.0,))
+  # Under the virtual clock a DP step takes the modeled step time of the slowest device group (plus, with the link
+  # model active, its gradient all-reduce among run.learners learner-sized groups placed in regions).
+  num_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  compute_s, step_s, comm = allreduce.dp_step(run, num_bytes, range(run.learners))
   clock = (lambda step: step * step_s) if run.clock.kind == "virtual" else (lambda step: wall())
   lr = inner_lr(run.inner, run.total_steps)
   eval_loss, start = float("nan"), 0
@@ -73,7 +76,9 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
   virtual = clock(run.total_steps) if run.clock.kind == "virtual" else float("nan")
   return RunResult(run=name, mode="dp", tokens=tokens, final_eval_loss=eval_loss, wall_seconds=wall_s,
                    virtual_seconds=virtual, tokens_per_second=tokens / wall_s, records=records,
-                   params=jax.device_get(state.params), time_kind=run_time_kind(run))
+                   params=jax.device_get(state.params), time_kind=run_time_kind(run),
+                   extras=dict(busy_mean=compute_s / step_s,
+                               **allreduce.dp_traffic(comm, run.tokens_per_step, num_bytes, run.learners)))
 
 
 def _finish_step(logger, run: RunConfig, step: int, metrics: dict, clock: Callable[[int], float],

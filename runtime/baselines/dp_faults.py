@@ -26,6 +26,7 @@ from runtime.checkpoint import Checkpoints
 from runtime.config import RunConfig
 from runtime.experiment import Experiment, RunResult, Stopwatch, make_logger
 from runtime.faults import replay
+from runtime.network import allreduce
 from runtime.optim import inner_lr, inner_optimizer
 from runtime.programs import init_state, make_train_step
 
@@ -67,11 +68,13 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
   spares = len(slices) - active  # dp_restart: hot spares (they never fail while they stand in, as in the simulator)
   repairs: list[float] = []  # dp_restart: when each failed slice of the job is back, in failure order
   resume_at = last_ready = 0.0  # dp_restart: when the job is up again / when its latest failure had a spare
-  step_s = run.clock.step_seconds * max(run.clock.speeds or (1.0,))
 
   full = tuple(range(active))
   mesh, state_sh, step_fn = programs.get(full)
   params = jax.jit(lm.init_params, static_argnums=0, out_shardings=state_sh.params)(run.model, jax.random.key(run.seed))
+  num_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  _, step_s, comm = allreduce.dp_step(run, num_bytes, full)  # the link model's all-reduce among the slices at work
+  link_bytes = cross_bytes = 0.0
   state = jax.jit(lambda p: init_state(p, programs.tx), out_shardings=state_sh)(params)
   t, tokens, steps, alive = 0.0, 0, 0, full
   useful = lost = 0.0  # slice-seconds of steps taken / of steps rolled back
@@ -134,6 +137,7 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
           continue
         alive = healthy
         mesh, state_sh, step_fn = programs.get(alive)
+        _, step_s, comm = allreduce.dp_step(run, num_bytes, alive)
         state = jax.device_put(state, state_sh)
       crash_s = first_failure()
       if failures_ahead[crash_s][0] < t + step_s:  # a slice fails before this step completes
@@ -164,6 +168,7 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
       tokens += n * tokens_per_slice_step
       useful += n * step_s
       advanced += step_s
+      link_bytes, cross_bytes = link_bytes + comm.link_bytes, cross_bytes + comm.cross_region_bytes
       since_ckpt.append((n * step_s, step_s))
       if not elastic and steps % f.checkpoint_every == 0:
         save()
@@ -185,7 +190,8 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
       run=name, mode=run.mode, tokens=tokens, final_eval_loss=eval_loss, wall_seconds=clock(), virtual_seconds=t,
       tokens_per_second=tokens / clock(), records=records, params=jax.device_get(state.params), time_kind="modeled",
       extras=dict(goodput=(useful - lost) / allocated if allocated else 0.0,
-                  uptime=advanced / t if t else 0.0, faults=failures,
+                  uptime=advanced / t if t else 0.0, faults=failures, bytes_per_token=link_bytes / max(tokens, 1),
+                  cross_bytes_per_token=cross_bytes / max(tokens, 1),
                   **(dict(checkpoint_saves=len(saves), save_block_ms=1e3 * float(np.mean(saves)),
                           restores=len(restores), restore_wall_s=float(np.mean(restores)) if restores else 0.0)
                      if saves else {})))

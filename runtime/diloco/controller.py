@@ -40,6 +40,7 @@ from runtime.faults.replay import slice_failures
 from runtime.optim import inner_optimizer
 from runtime.programs import init_state
 from runtime.slice_pool import SlicePool
+from runtime.wire.codecs import Codec
 
 
 class Controller(Recovery, Membership, Reconfiguration, Durability):
@@ -61,10 +62,11 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
     self.pool = SlicePool(run.num_slices, in_use=run.learners * k, per_learner=k)  # lent slices are not its to give
     theta = jax.jit(lm.init_params, static_argnums=0, out_shardings=self.host_sharding)(
         run.model, jax.random.key(run.seed))
-    self.syncer = Syncer(run.outer, theta, len(self.learners), run.overlap_steps)
+    codec = Codec(run.compression, theta) if run.compression.up != "none" else None
+    self.syncer = Syncer(run.outer, theta, len(self.learners), run.overlap_steps, codec)
     shares = [run.learner_batch(m) * run.learners / run.data.batch_size for m in range(len(self.learners))]
     self.clock = make_clock(run.clock, len(self.learners), run.seed, shares)
-    self.links = Links(self.clock.transfer_seconds, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(theta)))
+    self.links = Links(run, self.clock.transfer_seconds, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(theta)))
     self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="syncer")
     self.worker.submit(self.syncer.compile_merges)  # every merge size, before the first merge needs one
     self.ledger = Ledger(num_slices=run.num_slices)
@@ -232,7 +234,7 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
 
   def _send_report(self, learner: Learner, now: float) -> None:
     report = learner.report(now, self.host_sharding)
-    delay = self.links.send_up(learner.index, now)
+    delay = self.links.send_up(learner.index, now, report.payload)
     if delay is None:  # as if never sent: the learner times out and trains it again
       self.log.fault("link_drop", learner.index, now, f"report of {report.tokens} tokens lost")
       self.ledger.lost(report.busy_seconds)
@@ -304,10 +306,10 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
     if self.syncer.divergence():
       raise TrainingDiverged(self.syncer.divergence())
     self.merge_state = "idle"
-    transfer = self.links.down_seconds()
-    self.syncer.observe_sync(2 * transfer + now - started)  # report up, merge, Θ down
+    transfers = [self.links.send_down(report.learner, now) for report in reports]  # Θ down, each on its path
+    self.syncer.observe_sync(2 * max(transfers) + now - started)  # report up, merge, Θ down
     quarantined = dict(result.quarantined)
-    for report in reports:
+    for report, transfer in zip(reports, transfers):
       merged = report.learner not in quarantined
       self.learners[report.learner].report_settled(report, merged)
       if not merged and self.learners[report.learner].status == ABSENT:  # it left: its data is served to others
@@ -319,7 +321,6 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
         self.log.fault("quarantine", report.learner, now, quarantined[report.learner])
         self._write_off(report.tokens)
         self.ledger.lost(report.busy_seconds)
-      self.links.sent_down()
       verdict = "merged" if merged else "quarantined"
       self.clock.after(transfer, Event("params_arrived", report.learner, self.syncer.answer(report, verdict)))
     for m, s in self.pool.held():

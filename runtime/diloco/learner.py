@@ -20,11 +20,13 @@ from runtime import tree_transfer
 from runtime.config import RunConfig
 from runtime.data_service import LeasedStream
 from runtime.diloco import placement as placement_lib
+from runtime.diloco import receive as receive_lib
 from runtime.diloco import snapshot as snapshot_lib
 from runtime.diloco.messages import Delivery, Failure, Report, RoundPart
 from runtime.faults import injection
 from runtime.programs import TrainState, schedule_at
 from runtime.staging import Stager
+from runtime.wire.uplink import Uplink
 
 PyTree = Any
 
@@ -75,6 +77,7 @@ class Learner:
     self._finished_at = float("nan")
     self._state_since = 0.0
     self._absent_seconds = 0.0  # time without a slice of lent capacity (not counted in its busy fraction)
+    self.uplink = Uplink(run.compression) if run.compression.up != "none" else None  # compressed reports
 
   # Placement ---------------------------------------------------------------------------------------
 
@@ -99,6 +102,8 @@ class Learner:
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
     """Starts from Θ with fresh inner optimizer state (initial start, rejoin, quarantine)."""
     params = tree_transfer.copy_to(theta_host, self.param_sharding)
+    if self.uplink:
+      self.uplink.start(params)
     self.state = self._init(params, self.total_steps)
     self._new_round(version, now)
 
@@ -164,14 +169,16 @@ class Learner:
 
   def report(self, now: float, host_sharding: jax.sharding.Sharding) -> Report:
     """θ_m and what it was trained on since Θ, copied explicitly onto the syncer's host device."""
-    params = tree_transfer.copy_to(self.state.params, host_sharding)
+    how, self._corrupt_next = self._corrupt_next, ""
+    payload = self.uplink.encode(self.state.params, how) if self.uplink else None  # quantized on the slice
+    params = None if payload else tree_transfer.copy_to(self.state.params, host_sharding)
     if self.run.overlap_steps and self.run.outer.receive == "carry":
       self._at_report = tree_transfer.fresh_copy(self.state.params)  # the next round donates the state's buffers
-    if self._corrupt_next:
-      params, self._corrupt_next = injection.corrupt(params, self._corrupt_next), ""
+    if how and not payload:
+      params = injection.corrupt(params, how)
     return Report(self.index, params, self.tokens, self.steps, self.base_version, self.last_loss, sent_at=now,
                   data_start=self._round_start, data_end=self._data.position, busy_seconds=self._unreported_busy,
-                  round=self.round, total_steps=self.total_steps)
+                  round=self.round, total_steps=self.total_steps, payload=payload)
 
   def report_sent(self, report: Report) -> None:
     """The report is on its way: its data counts as reported until the syncer answers."""
@@ -213,10 +220,12 @@ class Learner:
       self.reset(delivery.params, delivery.version, now)
       return written_off
     theta = tree_transfer.copy_to(delivery.params, self.param_sharding)
+    if self.uplink:  # a lost report's residual goes with its work
+      self.uplink.start(theta, keep_residual=delivery.rewind_to is None)
     if keep and receive == "carry":
-      theta = _carry(theta, self.state.params, self._at_report)
+      theta = receive_lib.carry(theta, self.state.params, self._at_report)
     elif receive == "mix" and delivery.rewind_to is None:  # rewound work is trained again, not mixed in
-      theta = _mix(theta, self.state.params, jnp.float32(self.run.outer.mix_alpha))
+      theta = receive_lib.mix(theta, self.state.params, jnp.float32(self.run.outer.mix_alpha))
     self.state = self.state.replace(params=theta)
     self._new_round(delivery.version, now, carried=keep)
     return written_off
@@ -386,13 +395,3 @@ class Learner:
 def _schedule_to(state: TrainState, step: jax.Array) -> TrainState:
   return state.replace(opt_state=schedule_at(state.opt_state, step))
 
-
-@jax.jit
-def _carry(theta: PyTree, local: PyTree, at_report: PyTree) -> PyTree:
-  """Θ plus the progress made since the report: θ ← Θ + (θ_local − θ_at_report)."""
-  return jax.tree.map(lambda g, l, r: g + (l - r), theta, local, at_report)
-
-
-@jax.jit
-def _mix(theta: PyTree, local: PyTree, alpha: jax.Array) -> PyTree:
-  return jax.tree.map(lambda g, l: (1 - alpha) * g + alpha * l, theta, local)

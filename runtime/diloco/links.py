@@ -1,44 +1,72 @@
-"""The links between learners and the syncer: what a transfer costs in modeled time and bytes, and
-link faults (reports delayed until the link is back, or dropped)."""
+"""The links between learners and the syncer: what a transfer costs in modeled time and bytes (on the path
+through the learner's region, see network/paths.py), and link faults (reports delayed until the link is back,
+or dropped)."""
 
-from typing import Callable
+from typing import Any, Callable
+
+from runtime.config import RunConfig
+from runtime.network import paths as paths_lib
 
 
 class Links:
-  """Every learner's link to the syncer; each report up and each Θ down carries the full model."""
+  """Every learner's link to the syncer; a report up carries the full model or its compressed payload, Θ down the
+  full model."""
 
-  def __init__(self, transfer_seconds: Callable[[int], float], param_bytes: int):
-    self._transfer_seconds = transfer_seconds
+  def __init__(self, run: RunConfig, transfer_seconds: Callable[[int], float], param_bytes: int):
+    self.paths = paths_lib.Paths(run.links, transfer_seconds, run.clock.bandwidth_bytes_per_s,
+                                 modeled=run.clock.kind == "virtual")
     self.param_bytes = param_bytes
     self.bytes_up = self.bytes_down = 0
+    self.cross_up = self.cross_down = 0  # bytes of transfers that crossed regions
+    self.reports_up = 0  # reports sent (each charged its bytes, even when the link drops it)
+    self.transfers: list[tuple[int, float, float, int]] = []  # (learner, sent, arrives, bytes), for peaks in flight
     self._faults: dict[int, tuple[float, str]] = {}  # learner -> (until, "delay" | "drop")
 
   def fail(self, learner: int, until: float, mode: str) -> None:
     """The learner's link delays or drops reports until `until`."""
     self._faults[learner] = (until, mode)
 
-  def send_up(self, learner: int, now: float) -> float | None:
-    """Seconds until a report sent now reaches the syncer, or None when the link drops it."""
-    self.bytes_up += self.param_bytes
-    delay = self._transfer_seconds(self.param_bytes)
+  def report_bytes(self, payload: Any = None) -> int:
+    """Bytes of a report: its compressed payload, or the full model."""
+    return self.param_bytes if payload is None else payload.nbytes
+
+  def send_up(self, learner: int, now: float, payload: Any = None) -> float | None:
+    """Seconds until a report sent now (its compressed `payload`, or the full model) reaches the syncer, or None
+    when the link drops it."""
+    num_bytes = self.report_bytes(payload)
+    self.bytes_up += num_bytes
+    self.cross_up += num_bytes if self.paths.crosses(learner) else 0
+    self.reports_up += 1
+    delay = self.paths.seconds(learner, now, num_bytes, "up")
     until, mode = self._faults.get(learner, (-1.0, ""))
-    if now < until and mode == "drop":
-      return None
-    if now < until:
+    dropped = now < until and mode == "drop"
+    if now < until and not dropped:
       delay += until - now
+    self.transfers.append((learner, now, now + delay, num_bytes))
+    return None if dropped else delay
+
+  def send_down(self, learner: int, now: float) -> float:
+    """Seconds for Θ sent now to reach the learner; its bytes are charged."""
+    delay = self.paths.seconds(learner, now, self.param_bytes, "down")
+    self.bytes_down += self.param_bytes
+    self.cross_down += self.param_bytes if self.paths.crosses(learner) else 0
+    self.transfers.append((learner, now, now + delay, self.param_bytes))
     return delay
 
-  def down_seconds(self) -> float:
-    """Seconds for Θ to reach a learner."""
-    return self._transfer_seconds(self.param_bytes)
-
-  def sent_down(self) -> None:
-    self.bytes_down += self.param_bytes
+  def peaks(self) -> tuple[int, int]:
+    """The most bytes in flight at once for one learner, and in all."""
+    return paths_lib.peak_in_flight(self.transfers)
 
   def snapshot(self) -> dict:
-    return dict(bytes_up=self.bytes_up, bytes_down=self.bytes_down,
-                faults=[[m, until, mode] for m, (until, mode) in sorted(self._faults.items())])
+    return dict(bytes_up=self.bytes_up, bytes_down=self.bytes_down, reports_up=self.reports_up,
+                faults=[[m, until, mode] for m, (until, mode) in sorted(self._faults.items())],
+                cross=[self.cross_up, self.cross_down], queues=self.paths.snapshot(),
+                transfers=[list(t) for t in self.transfers])
 
   def restore(self, saved: dict) -> None:
     self.bytes_up, self.bytes_down = saved["bytes_up"], saved["bytes_down"]
+    self.reports_up = saved.get("reports_up", 0)  # checkpoints from before it was counted
     self._faults = {m: (until, mode) for m, until, mode in saved["faults"]}
+    self.cross_up, self.cross_down = saved.get("cross", (0, 0))  # (and before regions)
+    self.paths.restore(saved.get("queues", []))
+    self.transfers = [tuple(t) for t in saved.get("transfers", [])]

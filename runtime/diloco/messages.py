@@ -14,7 +14,7 @@ class Report:
   """One learner's progress since it last received Θ."""
 
   learner: int
-  params: PyTree  # θ_m, already on the host
+  params: PyTree  # θ_m, already on the host (None when `payload` carries the outer gradient instead)
   tokens: int  # c_tokens since the learner last received Θ
   steps: int  # c_steps since the learner last received Θ
   base_version: int  # the outer step of the Θ the learner started from
@@ -25,6 +25,7 @@ class Report:
   busy_seconds: float = 0.0  # slice time spent on this report's inner steps
   round: int = 0  # the learner's round it closes
   total_steps: int = 0  # the learner's inner steps ever trained at the report: where its inner schedule stands
+  payload: Any = None  # compression.up != "none": Δ_m = Θ_base − θ_m compressed (a wire.payload.Payload)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ from runtime.diloco.messages import Report
 from runtime.diloco.syncer import MergeResult
 from runtime.experiment import Experiment, RunResult, Stopwatch, run_time_kind
 from runtime.metrics import MetricsLogger
+from runtime.network import config as links_config
 from runtime.optim import inner_lr
 
 PyTree = Any
@@ -68,7 +69,15 @@ class RunLog:
         busy=[l.busy_fraction(now) for l in learners], bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down,
         grace=grace, quorum=quorum, goodput=goodput,
         alive=sum(l.status not in (DOWN, FAILED, ABSENT) for l in learners))
+    if links_config.active(self.run.links):  # off by default: recorded runs keep their records
+      record.update(self._link_fields(reports))
     self.merges.append(self.logger.log("merge", record))
+
+  def _link_fields(self, reports: Sequence[Report]) -> dict:
+    """Bytes of this merge's reports up and of Θ down to each, whether each crossed regions, and the totals."""
+    return dict(up_bytes=[self.links.report_bytes(r.payload) for r in reports], down_bytes=self.links.param_bytes,
+                crossed=[self.links.paths.crosses(r.learner) for r in reports],
+                cross_bytes_up=self.links.cross_up, cross_bytes_down=self.links.cross_down)
 
   def evaluate(self, params: PyTree, version: int, now: float, stamp: dict, force: bool = False) -> None:
     """Evaluates Θ when the merged tokens pass the next eval point, or now if forced (once per version)."""
@@ -135,7 +144,18 @@ class RunLog:
                     goodput=ledger.goodput(now),
                     uptime=uptime([(a, b) for _, a, b, state in intervals if state == TRAINING], now),
                     faults=sum(f["fault"] in INJECTED for f in self.faults),
-                    bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down),
+                    bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down,
+                    bytes_per_report=self.links.bytes_up / max(self.links.reports_up, 1),
+                    bytes_per_token=(self.links.bytes_up + self.links.bytes_down) / max(self.tokens_merged, 1),
+                    **traffic(self.links, self.tokens_merged)),
         details=dict(busy=busy, intervals=intervals, merge_times=[m["time"] for m in self.merges],
                      merged_ranges=list(self.merged_ranges), faults=list(self.faults),
                      completions=[list(l.completions) for l in learners]))
+
+
+def traffic(links: Links, tokens: int) -> dict:
+  """Cross-region bytes per trained token (in all, and up alone) and the peak bytes in flight."""
+  per_learner, total = links.peaks()
+  return dict(cross_bytes_per_token=(links.cross_up + links.cross_down) / max(tokens, 1),
+              cross_up_bytes_per_token=links.cross_up / max(tokens, 1),
+              peak_in_flight_learner=per_learner, peak_in_flight_total=total)

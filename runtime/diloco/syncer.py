@@ -19,6 +19,8 @@ from runtime.config import OuterConfig
 from runtime.diloco import merge as merge_lib
 from runtime.diloco import snapshot as snapshot_lib
 from runtime.diloco.messages import Delivery, Report
+from runtime.wire.codecs import Codec
+from runtime.wire.payload import CorruptPayload
 
 PyTree = Any
 
@@ -89,8 +91,10 @@ class Syncer:
   """Holds Θ, its history for learners still working from old versions, the outer optimizer, the
   reports waiting to be merged, and the moving averages behind the grace window."""
 
-  def __init__(self, cfg: OuterConfig, params: PyTree, num_learners: int, overlap_steps: int = 0):
+  def __init__(self, cfg: OuterConfig, params: PyTree, num_learners: int, overlap_steps: int = 0,
+               codec: Codec | None = None):
     self.cfg = cfg
+    self.codec = codec  # decodes compressed reports (compression.up != "none")
     self.num_learners = num_learners  # the most learners there can be (merge sizes are compiled up to it)
     self.tx = outer_optimizer(cfg)
     self.version = 0
@@ -100,6 +104,7 @@ class Syncer:
     self.opt_state = jax.jit(self.tx.init, out_shardings=self._sharding)(params)
     self._overlap_steps = overlap_steps
     self._history: dict[int, PyTree] = {0: params}
+    self._sent: dict[int, int] = {}  # learner -> the Θ version last sent to it (kept while it may be on its way)
     self._accepted_norm_ema: float | None = None
     self._pending: list[Report] = []
     self._failed_merges = 0  # merges in a row that committed nothing, and their reasons
@@ -108,6 +113,7 @@ class Syncer:
     self.xi_step, self.xi_quorum, self.xi_sync = (Ema(cfg.ema_decay) for _ in range(3))
     mean_for = merge_lib.is_embedding if cfg.embed_mean else None
     self._delta = jax.jit(outer_delta)
+    self._rebuild = jax.jit(lambda base, delta: jax.tree.map(lambda b, d: b - d.astype(b.dtype), base, delta))
     # The deltas (argument 2) are temporaries of this merge.
     self._step = jax.jit(functools.partial(outer_step, tx=self.tx, method=cfg.merge, mean_for=mean_for),
                          donate_argnums=2)
@@ -174,11 +180,13 @@ class Syncer:
     """Screens and merges `reports` into a new Θ; pure with respect to the syncer (see commit).
 
     `members`: the learners present when the merge began (default: all there can be)."""
-    deltas, norms = zip(*(self._delta(self.reference(r), r.params) for r in reports))
+    opened = [self._open(r) for r in reports]
+    deltas, norms = zip(*(self._delta(self.reference(r), p) if not why else (None, np.float32(np.nan))
+                          for r, (p, why) in zip(reports, opened)))
     norms = np.asarray(jax.device_get(norms), np.float64)
     keep, quarantined = [], []
     for i, (report, norm) in enumerate(zip(reports, norms)):
-      reason = self._screen(norm)
+      reason = opened[i][1] or self._screen(norm)
       if reason:
         quarantined.append((report.learner, reason))
       else:
@@ -214,6 +222,18 @@ class Syncer:
         delta_norms=tuple(float(norms[i]) for i in keep), update_norm=update_norm,
         tokens=sum(r.tokens for r in kept), steps=sum(r.steps for r in kept))
 
+  def _open(self, report: Report) -> tuple[PyTree, str]:
+    """θ_m of a report: sent whole, or rebuilt from its compressed outer gradient as Θ_base − Δ̂_m; or why not."""
+    if report.payload is None:
+      return report.params, ""
+    if report.base_version not in self._history:
+      return None, f"its base Θ (version {report.base_version}) is gone"
+    try:
+      delta = self.codec.open(report.payload)  # dequantized on the host CPU
+    except CorruptPayload as error:
+      return None, f"corrupt payload: {error}"
+    return self._rebuild(self._history[report.base_version], jax.device_put(delta, self._sharding)), ""
+
   def compile_merges(self) -> None:
     """Compiles the outer step for every merge size ahead of the first merge (run it off the critical path)."""
     self._delta(self.params, self.params)  # the per-report program too
@@ -241,13 +261,14 @@ class Syncer:
       ema = self._accepted_norm_ema
       self._accepted_norm_ema = mean_norm if not ema else 0.9 * ema + 0.1 * mean_norm
     self._history[self.version] = self.params
-    keep = set(live_versions) | {self.version}
+    keep = set(live_versions) | set(self._sent.values()) | {self.version}
     self._history = {v: p for v, p in self._history.items() if v in keep}
 
   def answer(self, report: Report, verdict: str) -> Delivery:
     """The current Θ for the learner of a report that was "merged", "quarantined" (the learner starts
     afresh from Θ and trains that report's data again) or "lost" on its link (it trains it again)."""
     rewind_to = None if verdict == "merged" else report.data_start
+    self._sent[report.learner] = self.version  # its next report may be measured from it, adopted after a slow trip
     return Delivery(self.version, self.params, report.round, reset=verdict == "quarantined", rewind_to=rewind_to)
 
   def divergence(self) -> str:
@@ -284,7 +305,7 @@ class Syncer:
                 opt_state=packer.tree(self.opt_state, "outer"),
                 history=[[v, packer.tree(p, "params")] for v, p in self._history.items()],
                 accepted_norm_ema=self._accepted_norm_ema, pending=[packer.value(r) for r in self._pending],
-                failed_merges=self._failed_merges, failed=list(self._failed),
+                failed_merges=self._failed_merges, failed=list(self._failed), sent=sorted(self._sent.items()),
                 emas=[e.snapshot() for e in (self.xi_step, self.xi_quorum, self.xi_sync)])
 
   def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker) -> None:
@@ -294,6 +315,7 @@ class Syncer:
     self._accepted_norm_ema = saved["accepted_norm_ema"]
     self._pending = [unpacker.value(r) for r in saved["pending"]]
     self._failed_merges, self._failed = saved["failed_merges"], list(saved["failed"])
+    self._sent = dict(saved.get("sent", []))  # (checkpoints from before it was kept)
     for ema, state in zip((self.xi_step, self.xi_quorum, self.xi_sync), saved["emas"]):
       ema.restore(state)
 

@@ -24,7 +24,8 @@ _FIELDS = {
     "link": {"learner": int, "time": float, "duration": float, "mode": str},
     "bug": {"learner": int, "time": float},  # from `time` on, every dispatch of the learner's program fails
 }
-_CHOICES = {"how": ("nan", "inf", "huge"), "mode": ("delay", "drop")}
+# how=flip|truncate damage a compressed report's payload bytes (runtime/wire/payload.py).
+_CHOICES = {"how": ("nan", "inf", "huge", "flip", "truncate"), "mode": ("delay", "drop")}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""What travels on the links: compressed outer gradients (codecs, payload bytes, the learner's uplink)."""

@@ -1,0 +1,65 @@
+"""A learner's end of compressed reports: the Θ it measures its outer gradient from, the error-feedback
+residual, and the program on its slice that quantizes Δ_m = Θ − θ_m.
+
+The residual (what a lossy codec did not send) stays on the learner and is added to its next outer
+gradient. It is dropped explicitly whenever the learner's work since its last report never reaches Θ:
+on a (re)start from Θ, after a quarantined report, and when its data is served again (a lost report).
+"""
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from runtime.faults import injection
+from runtime.wire import codecs
+from runtime.wire import payload as payload_lib
+from runtime.wire.config import PAYLOAD_CORRUPTIONS, CompressionConfig
+
+PyTree = Any
+
+
+def _encode(theta: PyTree, params: PyTree, residual: PyTree | None, *, codec: codecs.Codec):
+  """The codec's parts of Δ = Θ − θ (+ residual), and the new residual: Δ minus what the parts decode to."""
+  delta = jax.tree.map(lambda t, p: t.astype(jnp.float32) - p.astype(jnp.float32), theta, params)
+  if residual is not None:
+    delta = jax.tree.map(jnp.add, delta, residual)
+  parts = codec.encode(delta)
+  if residual is not None:
+    residual = jax.tree.map(jnp.subtract, delta, codec.decode(parts, jnp))
+  return parts, residual
+
+
+@jax.jit
+def _copy(tree: PyTree) -> PyTree:
+  return jax.tree.map(jnp.copy, tree)
+
+
+class Uplink:
+  """Quantizes the learner's outer gradient on its slice and packs it into the payload the syncer decodes."""
+
+  def __init__(self, cfg: CompressionConfig):
+    self.cfg = cfg
+    self.codec: codecs.Codec | None = None
+    self.theta: PyTree = None  # Θ as the learner received it, on its slice
+    self.residual: PyTree = None  # on its slice; None without error feedback
+    self._program = None
+
+  def start(self, theta: PyTree, keep_residual: bool = False) -> None:
+    """Θ was adopted: outer gradients are measured from it; the residual is dropped unless `keep_residual`."""
+    if self.codec is None:
+      self.codec = codecs.Codec(self.cfg, theta)
+      self._program = jax.jit(functools.partial(_encode, codec=self.codec), donate_argnums=2)
+    self.theta = _copy(theta)  # the learner's next round donates the buffers it adopted
+    if self.cfg.error_feedback and not (keep_residual and self.residual is not None):
+      shardings = jax.tree.map(lambda x: x.sharding, theta)  # zeros depend on no input: placed explicitly
+      self.residual = jax.jit(lambda t: jax.tree.map(jnp.zeros_like, t), out_shardings=shardings)(theta)
+
+  def encode(self, params: PyTree, corrupt: str = "") -> payload_lib.Payload:
+    """The payload of Δ = Θ − θ; `corrupt` injects a fault into θ (nan, inf, huge) or into the payload's bytes."""
+    if corrupt and corrupt not in PAYLOAD_CORRUPTIONS:
+      params = injection.corrupt(params, corrupt)
+    parts, self.residual = self._program(self.theta, params, self.residual)
+    payload = payload_lib.pack(jax.device_get(parts))
+    return payload_lib.corrupted(payload, corrupt) if corrupt in PAYLOAD_CORRUPTIONS else payload
