@@ -6,7 +6,7 @@ Shows:    for data-parallel (restarts from checkpoints, one hot spare), elastic 
           simulator draws the failure trace, the runtime replays it with real JAX programs in virtual time to the
           token budget, and the simulator's goodput on that trace (and its 95% range over 200 traces) is printed
           beside the runtime's.
-Runtime:  about 10 minutes on 2 cores (12 runs of a tiny model).
+Runtime:  about 7 minutes on 2 cores (12 runs of a tiny model).
 Expected: the README's "simulator vs runtime" table (every number there comes from this command).
 """
 
