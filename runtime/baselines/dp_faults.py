@@ -99,8 +99,7 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
 
     def fail(s: int) -> None:
       """Slice s fails at its trace's time; its repair ends that long after (not after the failure is noticed)."""
-      nonlocal failures
-      nonlocal resume_at, last_ready
+      nonlocal failures, resume_at, last_ready
       at, repair = failures_ahead[s]
       failures += 1
       down_until[s] = at + repair
@@ -115,8 +114,8 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
       logger.log("fault", dict(fault="crash", slice=s, time=at))
 
     def absorb(until: float) -> None:
-      """Failures before `until` fall inside the downtime that ends then, which handles them (as the simulator
-      does): they take their slices down without a downtime of their own."""
+      """Failures before `until` fall inside elastic DP's reconfiguration that ends then, which drops their slices
+      too (as the simulator does): no reconfiguration of their own."""
       while failures_ahead[first_failure()][0] < until:
         fail(first_failure())
 
