@@ -111,9 +111,9 @@ class JaxMeter:
 
 def _meter_jax_calls(meter: JaxMeter, learners: list, log: Any) -> None:
   """Routes the controller's JAX entry points through `meter`: programs, copies, fetches, the LR schedule."""
-  from runtime.diloco import learner as learner_lib  # pylint: disable=g-import-not-at-top
-  for module, name in ((tree_transfer, "copy_to"), (tree_transfer, "fresh_copy"), (learner_lib, "_carry"),
-                       (learner_lib, "_mix")):
+  from runtime.diloco import receive  # pylint: disable=g-import-not-at-top
+  for module, name in ((tree_transfer, "copy_to"), (tree_transfer, "fresh_copy"), (receive, "carry"),
+                       (receive, "mix")):
     setattr(module, name, meter.wrap(getattr(module, name)))
   for name in ("device_get", "device_put", "block_until_ready"):
     setattr(jax, name, meter.wrap(getattr(jax, name)))
