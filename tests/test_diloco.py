@@ -80,6 +80,7 @@ def test_quorum_of_all_with_equal_weights_and_mean_matches_a_synchronous_diloco_
   _assert_trees_close(result.params, theta)
 
 
+@pytest.mark.slow  # CI time; tests/test_bit_identity.py guards the same promise
 def test_virtual_clock_gives_identical_metrics_for_one_seed(tiny_config, tmp_path):
   tiny_config.clock.jitter = 0.3
   tiny_config.clock.speeds = (1.0, 1.3, 0.8, 1.1)
@@ -156,6 +157,7 @@ def test_a_diverging_outer_step_stops_the_run_naming_the_field(tiny_config):
     _run(tiny_config)
 
 
+@pytest.mark.slow  # CI time: a subprocess; the in-process divergence test stays
 def test_the_launcher_reports_divergence_in_one_line_with_a_non_zero_exit(tmp_path):
   # Overrides as a researcher would type them; the run stops at the third merge that commits nothing.
   command = [sys.executable, "-m", "launch.train", "--config=configs/smoke.py", f"--workdir={tmp_path}",
