@@ -246,8 +246,8 @@ def get_config() -> ml_collections.ConfigDict:
   # learner's slice and dequantized on the syncer's CPU: "bf16", "int8"/"int4" (block-wise scales), "topk" (the
   # largest values and their indices). Not with checkpoints yet.
   config.compression.up = "none"
-  # Θ syncer -> learner: "none" (whole, fp32), or "bf16"/"int8"/"int4": Θ − Θ̃_m quantized on the syncer, where
-  # Θ̃_m mirrors what learner m holds (both sides add the same decoded update, so the error is fed back). A
+  # Θ syncer -> learner: "none" (whole, fp32), or "bf16"/"int8"/"int4"/"topk": Θ − Θ̃_m compressed on the syncer,
+  # where Θ̃_m mirrors what learner m holds (both sides add the same decoded update, so the error is fed back). A
   # rejoining or reset learner gets Θ whole. Not with checkpoints yet.
   config.compression.down = "none"
   # int8/int4 (and top-k's int values): values per fp32 scale.

@@ -38,9 +38,9 @@ def sent(monkeypatch):
   return log
 
 
-def test_every_theta_a_learner_adopts_equals_the_syncers_mirror_bit_for_bit(tiny_config, sent, monkeypatch):
-  tiny_config.compression.up = "int4"
-  tiny_config.compression.down = "int4"
+@pytest.mark.parametrize("fmt", ["int4", "topk"])
+def test_every_theta_a_learner_adopts_equals_the_syncers_mirror_bit_for_bit(tiny_config, sent, monkeypatch, fmt):
+  tiny_config.compression.up = tiny_config.compression.down = fmt
   adopted = []
   receive = downlink_lib.Downlink.receive
   monkeypatch.setattr(downlink_lib.Downlink, "receive", lambda self, d: adopted.append(
@@ -104,7 +104,7 @@ def test_int4_up_and_down_trains_about_as_well_as_full_transfers(tiny_config):
     (dict(), "one of"), (dict(mode="dp"), "modes decoupled"), (dict(checkpoint_every=2), "checkpoint")])
 def test_invalid_or_unsupported_down_compression_names_the_field(fields, allowed):
   config = default.get_config()
-  config.compression.down = "topk" if not fields else "int4"
+  config.compression.down = "int2" if not fields else "int4"
   config.update(fields)
   with pytest.raises(ConfigError, match=allowed) as err:
     from_config_dict(config)

@@ -7,7 +7,7 @@ from typing import Any
 from runtime.errors import check
 
 FORMATS = ("none", "bf16", "int8", "int4", "topk")  # "none": θ_m whole in fp32, as reports always were
-DOWN_FORMATS = ("none", "bf16", "int8", "int4")  # "none": Θ whole in fp32, as it always went down
+DOWN_FORMATS = FORMATS  # "none": Θ whole in fp32, as it always went down; topk: with topk_fraction, topk_values
 VALUE_FORMATS = ("fp32", "bf16", "int8", "int4")  # how top-k sends the values it keeps
 PAYLOAD_CORRUPTIONS = ("flip", "truncate")  # corrupt faults of a compressed payload's bytes
 
