@@ -244,8 +244,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.compression = ml_collections.ConfigDict()
   # Reports learner -> syncer: "none" (θ_m whole, fp32), or the outer gradient Δ_m = Θ − θ_m quantized on the
   # learner's slice and dequantized on the syncer's CPU: "bf16", "int8"/"int4" (block-wise scales), "topk" (the
-  # largest values and their indices). Θ goes down whole (fp32). Not with checkpoints yet.
+  # largest values and their indices). Not with checkpoints yet.
   config.compression.up = "none"
+  # Θ syncer -> learner: "none" (whole, fp32), or "bf16"/"int8"/"int4"/"topk": Θ − Θ̃_m compressed on the syncer,
+  # where Θ̃_m mirrors what learner m holds (both sides add the same decoded update, so the error is fed back). A
+  # rejoining or reset learner gets Θ whole. Not with checkpoints yet.
+  config.compression.down = "none"
   # int8/int4 (and top-k's int values): values per fp32 scale.
   config.compression.block_size = 256
   # topk: each tensor sends ceil(topk_fraction × its size) values, the largest in magnitude.

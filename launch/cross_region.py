@@ -10,7 +10,8 @@ _BANDWIDTHS = flags.DEFINE_list("bandwidths", ["1e6", "1e5", "5e4", "1e3"],
                                 "Inter-region bandwidths (bytes per modeled second) besides unlimited.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of the compression-quality runs.")
 _VARIANTS = flags.DEFINE_list("variants", [], "A subset of the variants: dp, decoupled_fp32, decoupled_int4, "
-                                "decoupled_topk, sync_no_overlap (default: all).")
+                                "decoupled_topk, decoupled_int4_down, decoupled_topk_down (Θ down compressed too), "
+                                "sync_no_overlap (default: all).")
 
 
 def main(argv: list[str]) -> None:

@@ -34,9 +34,11 @@ VARIANTS = {  # name: (mode, fields); dp: an fp32 all-reduce per step; topk: 1% 
     "decoupled_fp32": ("decoupled", {}),
     "decoupled_int4": ("decoupled", {"compression.up": "int4"}),
     "decoupled_topk": ("decoupled", {"compression.up": "topk"}),
+    "decoupled_int4_down": ("decoupled", {"compression.up": "int4", "compression.down": "int4"}),  # Θ down too
+    "decoupled_topk_down": ("decoupled", {"compression.up": "topk", "compression.down": "topk"}),
     "sync_no_overlap": ("diloco_sync", {"overlap_steps": 0}),
 }
-COMPRESSIONS = ("decoupled_fp32", "decoupled_int4", "decoupled_topk")
+COMPRESSIONS = ("decoupled_fp32", "decoupled_int4", "decoupled_topk", "decoupled_int4_down", "decoupled_topk_down")
 
 
 def variant(base: RunConfig, name: str, fields: dict) -> RunConfig:
@@ -132,7 +134,8 @@ def targets(rows: list[dict], quality_rows: list[dict]) -> list[Target]:
   """The issue's targets checked against the tables (those whose variants ran)."""
   out = []
   quality = {r["variant"]: r for r in quality_rows}
-  for name, factor, loss in (("decoupled_int4", 200, 0.5), ("decoupled_topk", 1000, 1.0)):
+  for name, factor, loss in (("decoupled_int4", 200, 0.5), ("decoupled_topk", 1000, 1.0),
+                             ("decoupled_int4_down", 200, 0.5), ("decoupled_topk_down", 1000, 1.0)):
     q = quality.get(name)
     if q and q["dp_over_this"] is not None:
       out.append(Target(f"{name}: >= {factor}× fewer cross-region bytes/token than DP", f"{q['dp_over_this']:.1f}× "

@@ -1,5 +1,6 @@
 """Pure training and evaluation programs; callers jit them with explicit shardings."""
 
+import functools
 from typing import Any, Callable
 
 import flax
@@ -37,6 +38,12 @@ def schedule_at(opt_state: PyTree, step: jax.Array) -> PyTree:
   is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
   return jax.tree.map(lambda x: optax.ScaleByScheduleState(count=step) if is_schedule(x) else x, opt_state,
                       is_leaf=is_schedule)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def schedule_to(state: TrainState, step: jax.Array) -> TrainState:
+  """`state` with its inner schedule set to `step` (its buffers donated)."""
+  return state.replace(opt_state=schedule_at(state.opt_state, step))
 
 
 def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,

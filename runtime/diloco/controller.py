@@ -41,6 +41,8 @@ from runtime.optim import inner_optimizer
 from runtime.programs import init_state
 from runtime.slice_pool import SlicePool
 from runtime.wire.codecs import Codec
+from runtime.wire.downlink import Mirrors
+from runtime.wire.payload import CorruptPayload
 
 
 class Controller(Recovery, Membership, Reconfiguration, Durability):
@@ -63,7 +65,8 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
     theta = jax.jit(lm.init_params, static_argnums=0, out_shardings=self.host_sharding)(
         run.model, jax.random.key(run.seed))
     codec = Codec(run.compression, theta) if run.compression.up != "none" else None
-    self.syncer = Syncer(run.outer, theta, len(self.learners), run.overlap_steps, codec)
+    mirrors = Mirrors(run.compression, theta) if run.compression.down != "none" else None
+    self.syncer = Syncer(run.outer, theta, len(self.learners), run.overlap_steps, codec, mirrors)
     shares = [run.learner_batch(m) * run.learners / run.data.batch_size for m in range(len(self.learners))]
     self.clock = make_clock(run.clock, len(self.learners), run.seed, shares)
     self.links = Links(run, self.clock.transfer_seconds, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(theta)))
@@ -251,7 +254,12 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
 
   def _adopt(self, learner: Learner) -> None:
     """The learner adopts the Θ it was delivered and starts its next round."""
-    self._write_off(learner.adopt(self.clock.now()))
+    delivery = learner.inbox
+    try:
+      self._write_off(learner.adopt(self.clock.now()))
+    except CorruptPayload as error:  # nothing adopted: Θ goes again, whole
+      self._resend_theta(learner, delivery, error)
+      return
     self._start_round(learner)
 
   def _write_off(self, tokens: int) -> None:
@@ -306,10 +314,11 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
     if self.syncer.divergence():
       raise TrainingDiverged(self.syncer.divergence())
     self.merge_state = "idle"
-    transfers = [self.links.send_down(report.learner, now) for report in reports]  # Θ down, each on its path
-    self.syncer.observe_sync(2 * max(transfers) + now - started)  # report up, merge, Θ down
     quarantined = dict(result.quarantined)
-    for report, transfer in zip(reports, transfers):
+    answers = [self.syncer.answer(r, "quarantined" if r.learner in quarantined else "merged") for r in reports]
+    transfers = [self.links.send_down(r.learner, now, a.payload) for r, a in zip(reports, answers)]  # on each path
+    self.syncer.observe_sync(2 * max(transfers) + now - started)  # report up, merge, Θ down
+    for report, transfer, answer in zip(reports, transfers, answers):
       merged = report.learner not in quarantined
       self.learners[report.learner].report_settled(report, merged)
       if not merged and self.learners[report.learner].status == ABSENT:  # it left: its data is served to others
@@ -321,8 +330,7 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
         self.log.fault("quarantine", report.learner, now, quarantined[report.learner])
         self._write_off(report.tokens)
         self.ledger.lost(report.busy_seconds)
-      verdict = "merged" if merged else "quarantined"
-      self.clock.after(transfer, Event("params_arrived", report.learner, self.syncer.answer(report, verdict)))
+      self.clock.after(transfer, Event("params_arrived", report.learner, answer))
     for m, s in self.pool.held():
       if not self.learners[m].reports_out:
         self._rejoin(self.learners[m], s)

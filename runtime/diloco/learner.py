@@ -6,7 +6,6 @@ The learner keeps its own bookkeeping (tokens and steps since Θ, where its data
 reported); the controller only asks it to dispatch, collect, report, adopt Θ, fail and rejoin.
 """
 
-import functools
 from typing import Any
 
 import jax
@@ -24,8 +23,9 @@ from runtime.diloco import receive as receive_lib
 from runtime.diloco import snapshot as snapshot_lib
 from runtime.diloco.messages import Delivery, Failure, Report, RoundPart
 from runtime.faults import injection
-from runtime.programs import TrainState, schedule_at
+from runtime.programs import TrainState, schedule_to
 from runtime.staging import Stager
+from runtime.wire.downlink import Downlink
 from runtime.wire.uplink import Uplink
 
 PyTree = Any
@@ -78,6 +78,7 @@ class Learner:
     self._state_since = 0.0
     self._absent_seconds = 0.0  # time without a slice of lent capacity (not counted in its busy fraction)
     self.uplink = Uplink(run.compression) if run.compression.up != "none" else None  # compressed reports
+    self.downlink = Downlink(run.compression) if run.compression.down != "none" else None  # compressed Θ
 
   # Placement ---------------------------------------------------------------------------------------
 
@@ -102,6 +103,8 @@ class Learner:
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
     """Starts from Θ with fresh inner optimizer state (initial start, rejoin, quarantine)."""
     params = tree_transfer.copy_to(theta_host, self.param_sharding)
+    if self.downlink:
+      self.downlink.hold(theta_host, version)
     if self.uplink:
       self.uplink.start(params)
     self.state = self._init(params, self.total_steps)
@@ -126,7 +129,7 @@ class Learner:
     staged = self._data.take(steps, self.batch_sharding)
     self.set_status(TRAINING, now)
     if schedule_at is not None:  # the inner schedule follows the run's progress (inner.schedule_progress="run")
-      self.state = _schedule_to(self.state, np.int32(schedule_at))
+      self.state = schedule_to(self.state, np.int32(schedule_at))
     failure, before = "", (self.state, staged.start) if self._keeps_state else None
     try:
       state, metrics = self._round_program(self.state, staged.batches_HxBxT)
@@ -178,7 +181,8 @@ class Learner:
       params = injection.corrupt(params, how)
     return Report(self.index, params, self.tokens, self.steps, self.base_version, self.last_loss, sent_at=now,
                   data_start=self._round_start, data_end=self._data.position, busy_seconds=self._unreported_busy,
-                  round=self.round, total_steps=self.total_steps, payload=payload)
+                  round=self.round, total_steps=self.total_steps, payload=payload,
+                  base_mirror=self.downlink.key[0] if self.downlink else -1)
 
   def report_sent(self, report: Report) -> None:
     """The report is on its way: its data counts as reported until the syncer answers."""
@@ -206,7 +210,8 @@ class Learner:
     "mix": θ ← (1−α)·Θ + α·θ) and reach Θ in the next report, or thrown away ("overwrite": their data is
     served again). A quarantined or lost report's data is served again from its start.
     """
-    delivery, receive = self.inbox, self.run.outer.receive
+    delivery, receive, self.inbox = self.inbox, self.run.outer.receive, None  # taken, adopted or not
+    theta_host = self.downlink.receive(delivery) if self.downlink else delivery.params  # may raise CorruptPayload
     unreported = self.tokens - self._reported_tokens  # overlap steps after the report
     keep = bool(unreported) and receive != "overwrite" and delivery.rewind_to is None and not delivery.reset
     written_off = 0
@@ -219,7 +224,7 @@ class Learner:
     if delivery.reset:
       self.reset(delivery.params, delivery.version, now)
       return written_off
-    theta = tree_transfer.copy_to(delivery.params, self.param_sharding)
+    theta = tree_transfer.copy_to(theta_host, self.param_sharding)
     if self.uplink:  # a lost report's residual goes with its work
       self.uplink.start(theta, keep_residual=delivery.rewind_to is None)
     if keep and receive == "carry":
@@ -389,9 +394,4 @@ class Learner:
       metrics = None if failure else unpacker.tree(part["metrics"], lambda x, _: jax.device_put(x, replicated), group)
       self.inflight = RoundPart(part["kind"], part["steps"], part["tokens"], part["started_at"],
                                 part["modeled_seconds"], self.state, metrics, failure=failure)
-
-
-@functools.partial(jax.jit, donate_argnums=0)
-def _schedule_to(state: TrainState, step: jax.Array) -> TrainState:
-  return state.replace(opt_state=schedule_at(state.opt_state, step))
 

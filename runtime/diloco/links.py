@@ -10,12 +10,14 @@ from runtime.network import paths as paths_lib
 
 class Links:
   """Every learner's link to the syncer; a report up carries the full model or its compressed payload, Θ down the
-  full model."""
+  full model or its compressed update."""
 
   def __init__(self, run: RunConfig, transfer_seconds: Callable[[int], float], param_bytes: int):
     self.paths = paths_lib.Paths(run.links, transfer_seconds, run.clock.bandwidth_bytes_per_s,
                                  modeled=run.clock.kind == "virtual")
     self.param_bytes = param_bytes
+    self.whole_down = run.compression.down == "none"  # Θ always goes down as the full model
+    self._last_down: dict[int, int] = {}  # learner -> bytes of the Θ last sent to it
     self.bytes_up = self.bytes_down = 0
     self.cross_up = self.cross_down = 0  # bytes of transfers that crossed regions
     self.reports_up = 0  # reports sent (each charged its bytes, even when the link drops it)
@@ -45,13 +47,20 @@ class Links:
     self.transfers.append((learner, now, now + delay, num_bytes))
     return None if dropped else delay
 
-  def send_down(self, learner: int, now: float) -> float:
-    """Seconds for Θ sent now to reach the learner; its bytes are charged."""
-    delay = self.paths.seconds(learner, now, self.param_bytes, "down")
-    self.bytes_down += self.param_bytes
-    self.cross_down += self.param_bytes if self.paths.crosses(learner) else 0
-    self.transfers.append((learner, now, now + delay, self.param_bytes))
+  def send_down(self, learner: int, now: float, payload: Any = None) -> float:
+    """Seconds for Θ sent now (its compressed update `payload`, or the full model) to reach the learner; its bytes
+    are charged."""
+    num_bytes = self.report_bytes(payload)
+    delay = self.paths.seconds(learner, now, num_bytes, "down")
+    self.bytes_down += num_bytes
+    self._last_down[learner] = num_bytes
+    self.cross_down += num_bytes if self.paths.crosses(learner) else 0
+    self.transfers.append((learner, now, now + delay, num_bytes))
     return delay
+
+  def down_bytes(self, learners: list[int]) -> int | list[int]:
+    """Bytes of the Θ last sent to each learner (one number, the full model's, while Θ always goes down whole)."""
+    return self.param_bytes if self.whole_down else [self._last_down[m] for m in learners]
 
   def peaks(self) -> tuple[int, int]:
     """The most bytes in flight at once for one learner, and in all."""

@@ -26,6 +26,7 @@ class Report:
   round: int = 0  # the learner's round it closes
   total_steps: int = 0  # the learner's inner steps ever trained at the report: where its inner schedule stands
   payload: Any = None  # compression.up != "none": Δ_m = Θ_base − θ_m compressed (a wire.payload.Payload)
+  base_mirror: int = -1  # compression.down != "none": the syncer's mirror Θ̃_m it started from (-1: Θ_base whole)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,9 @@ class Delivery:
   round: int  # the learner's round this answers; a learner that moved on ignores it
   reset: bool = False  # fresh inner state (rejoin, quarantined report)
   rewind_to: dict | None = None  # serve the data from here again (its earlier work never reached Θ)
+  payload: Any = None  # compression.down != "none": Θ − Θ̃ compressed (params is None), see wire/downlink.py
+  base: tuple[int, int] = (-1, 0)  # ... the (mirror, version) of the Θ̃ it updates,
+  mirror: int = -1  # ... and the number of the mirror it makes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,8 +8,8 @@ from absl import logging
 
 from runtime import multislice
 from runtime.diloco.clock import Event
-from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, Learner
-from runtime.diloco.messages import Failure
+from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, WAITING, Learner
+from runtime.diloco.messages import Delivery, Failure
 from runtime.errors import ProgramError
 from runtime.faults import injection
 
@@ -153,6 +153,14 @@ class Recovery:
   def _on_link(self, event: Event) -> None:
     self.links.fail(event.learner, *event.payload)
     self.log.fault("link", event.learner, self.clock.now(), f"{event.payload[1]} until t={event.payload[0]:g}")
+
+  def _resend_theta(self, learner: Learner, delivery: Delivery, error: Exception) -> None:
+    """A compressed Θ the learner could not adopt (damaged, or not for the Θ it holds) is sent again whole."""
+    now = self.clock.now()
+    self.log.fault("theta_resent", learner.index, now, str(error))
+    learner.set_status(WAITING, now)
+    delay = self.links.send_down(learner.index, now)  # charged the full model's bytes
+    self.clock.after(delay, Event("params_arrived", learner.index, self.syncer.resend(delivery)))
 
   def _on_report_timeout(self, event: Event) -> None:
     """A learner whose report was lost pulls the current Θ and trains that data again."""

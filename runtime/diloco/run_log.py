@@ -75,7 +75,8 @@ class RunLog:
 
   def _link_fields(self, reports: Sequence[Report]) -> dict:
     """Bytes of this merge's reports up and of Θ down to each, whether each crossed regions, and the totals."""
-    return dict(up_bytes=[self.links.report_bytes(r.payload) for r in reports], down_bytes=self.links.param_bytes,
+    return dict(up_bytes=[self.links.report_bytes(r.payload) for r in reports],
+                down_bytes=self.links.down_bytes([r.learner for r in reports]),
                 crossed=[self.links.paths.crosses(r.learner) for r in reports],
                 cross_bytes_up=self.links.cross_up, cross_bytes_down=self.links.cross_down)
 

@@ -20,6 +20,7 @@ from runtime.diloco import merge as merge_lib
 from runtime.diloco import snapshot as snapshot_lib
 from runtime.diloco.messages import Delivery, Report
 from runtime.wire.codecs import Codec
+from runtime.wire.downlink import WHOLE, Mirrors
 from runtime.wire.payload import CorruptPayload
 
 PyTree = Any
@@ -92,9 +93,10 @@ class Syncer:
   reports waiting to be merged, and the moving averages behind the grace window."""
 
   def __init__(self, cfg: OuterConfig, params: PyTree, num_learners: int, overlap_steps: int = 0,
-               codec: Codec | None = None):
+               codec: Codec | None = None, mirrors: Mirrors | None = None):
     self.cfg = cfg
     self.codec = codec  # decodes compressed reports (compression.up != "none")
+    self.mirrors = mirrors  # what each learner holds, and Θ's updates to it (compression.down != "none")
     self.num_learners = num_learners  # the most learners there can be (merge sizes are compiled up to it)
     self.tx = outer_optimizer(cfg)
     self.version = 0
@@ -174,7 +176,13 @@ class Syncer:
 
   def reference(self, report: Report) -> PyTree:
     """The Θ that a report's outer gradient is measured against."""
-    return self.params if self.cfg.outer_grad_base == "current" else self._history[report.base_version]
+    return self.params if self.cfg.outer_grad_base == "current" else self.base(report)
+
+  def base(self, report: Report) -> PyTree | None:
+    """The Θ the report's learner started from: Θ_base whole, or its mirror Θ̃_m; None once it is gone."""
+    if report.base_mirror == WHOLE:
+      return self._history.get(report.base_version)
+    return self.mirrors.get(report.learner, report.base_mirror)
 
   def compute(self, reports: Sequence[Report], members: int | None = None) -> MergeResult:
     """Screens and merges `reports` into a new Θ; pure with respect to the syncer (see commit).
@@ -224,15 +232,16 @@ class Syncer:
 
   def _open(self, report: Report) -> tuple[PyTree, str]:
     """θ_m of a report: sent whole, or rebuilt from its compressed outer gradient as Θ_base − Δ̂_m; or why not."""
+    base = self.base(report)
+    if base is None:
+      return None, f"its base Θ (version {report.base_version}, mirror {report.base_mirror}) is gone"
     if report.payload is None:
       return report.params, ""
-    if report.base_version not in self._history:
-      return None, f"its base Θ (version {report.base_version}) is gone"
     try:
       delta = self.codec.open(report.payload)  # dequantized on the host CPU
     except CorruptPayload as error:
       return None, f"corrupt payload: {error}"
-    return self._rebuild(self._history[report.base_version], jax.device_put(delta, self._sharding)), ""
+    return self._rebuild(base, jax.device_put(delta, self._sharding)), ""
 
   def compile_merges(self) -> None:
     """Compiles the outer step for every merge size ahead of the first merge (run it off the critical path)."""
@@ -269,7 +278,16 @@ class Syncer:
     afresh from Θ and trains that report's data again) or "lost" on its link (it trains it again)."""
     rewind_to = None if verdict == "merged" else report.data_start
     self._sent[report.learner] = self.version  # its next report may be measured from it, adopted after a slow trip
-    return Delivery(self.version, self.params, report.round, reset=verdict == "quarantined", rewind_to=rewind_to)
+    base = self.base(report) if self.mirrors and verdict != "quarantined" else None  # a reset gets Θ whole
+    if base is None:
+      return Delivery(self.version, self.params, report.round, reset=verdict == "quarantined", rewind_to=rewind_to)
+    payload, mirror = self.mirrors.send(report.learner, self.params, base)
+    return Delivery(self.version, None, report.round, rewind_to=rewind_to, payload=payload,
+                    base=(report.base_mirror, report.base_version), mirror=mirror)
+
+  def resend(self, delivery: Delivery) -> Delivery:
+    """The Θ of a compressed delivery that could not be adopted (damaged, or for another Θ), whole."""
+    return dataclasses.replace(delivery, params=self._history[delivery.version], payload=None)
 
   def divergence(self) -> str:
     """Why training has diverged (outer.divergence_merges merges in a row committed nothing), or ''."""
