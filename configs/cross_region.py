@@ -9,8 +9,9 @@ Shows:    learners round-robin over 4 regions (2 each; the syncer in region 0), 
           compression over 3 seeds with learner 7 dropping out halfway, at equal tokens. Two tables, one plot of
           slowdown against bandwidth.
 Runtime:  about 30 minutes on 2 cores (20m54s measured for the 34 runs without the two *_down variants, which add
-          16 runs; a tiny model, 90 steps' worth of tokens, in virtual time; inter-region bandwidths unlimited, 1e6, 1e5, 5e4, 1e3 B/s). Larger: --config.total_steps=600
-          --config.model.size=small, more --bandwidths; fewer: --variants, --seeds.
+          16 runs; a tiny model, 90 steps' worth of tokens, in virtual time; inter-region bandwidths unlimited,
+          1e6, 1e5, 5e4, 1e3 B/s). Larger: --config.total_steps=600 --config.model.size=small, more --bandwidths;
+          fewer: --variants, --seeds.
 Expected: the README's cross-region tables (every number there comes from this command): int4 within 0.1% of
           fp32's loss, but DP/int4 cross-region bytes 23× (reports alone 199×: Θ goes down in fp32); top-k 21% worse.
           With Θ down compressed too (measured with --bandwidths= and the compression variants only, 21 runs, 27 min
