@@ -3,13 +3,12 @@
 Both run synchronous steps over every healthy slice. Without elasticity, any failure stops the
 whole job: it loses the steps since its last checkpoint, waits for a hot spare (first come first served; a spare
 is free again when the slice it stood in for is repaired) or the slice's repair, then pays a restart; failures
-meanwhile are handled by the same restart (the goodput simulator's semantics, runtime/sim/model.py). Its checkpoints are real: saved with `Checkpoints` (orbax, asynchronous) every
-`faults.checkpoint_every` steps and restored from disk at each restart, whose wall time is reported beside the
-modeled `faults.restart_seconds`. Elastic DP pays a short reconfiguration, continues on the
-surviving slices with a smaller global batch, and pays it again when the slice returns.
-Their records' `time` is modeled under either clock.
+meanwhile are handled by the same restart (the goodput simulator's semantics, runtime/sim/model.py). Its
+checkpoints are real: saved with `Checkpoints` (orbax, asynchronous) every `faults.checkpoint_every` steps and
+restored from disk at each restart, whose wall time is reported beside the modeled `faults.restart_seconds`.
+Elastic DP pays a short reconfiguration, continues on the surviving slices with a smaller global batch, and pays
+it again when the slice returns. Their records' `time` is modeled under either clock.
 """
-
 import contextlib
 import os
 import pathlib
