@@ -9,6 +9,7 @@ restored from disk at each restart, whose wall time is reported beside the model
 Elastic DP pays a short reconfiguration, continues on the surviving slices with a smaller global batch, and pays
 it again when the slice returns. Their records' `time` is modeled under either clock.
 """
+
 import contextlib
 import os
 import pathlib
