@@ -190,6 +190,7 @@ def test_learners_with_different_batches_get_different_weights_and_the_weighting
   assert any(jax.tree.leaves(differs))
 
 
+@pytest.mark.slow  # CI time (~20 s); `pytest -m slow` runs it
 def test_a_budget_that_ends_inside_a_round_is_trained_to_the_last_token(tiny_config):
   # Regression: 17 steps × 4 learners = 68 learner-steps of H=8 left 4 steps no learner could start.
   tiny_config.inner_steps = 8

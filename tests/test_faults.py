@@ -124,6 +124,7 @@ def test_goodput_counts_only_the_work_that_reached_theta(four_learners):
   assert result.extras["goodput"] < 0.9
 
 
+@pytest.mark.slow  # CI time (~20 s); `pytest -m slow` runs it
 def test_survivors_step_times_equal_a_run_without_faults(four_learners):
   calm = _controller(four_learners).train()
   crashed = _faulty(four_learners, "crash:learner=3,time=5", repair_seconds=100.0)
@@ -132,6 +133,7 @@ def test_survivors_step_times_equal_a_run_without_faults(four_learners):
     assert crashed.details["completions"][m][:len(reference)] == reference
 
 
+@pytest.mark.slow  # CI time (~20 s); `pytest -m slow` runs it
 def test_straggler_slows_only_itself_and_is_never_waited_for(four_learners):
   calm = _controller(four_learners).train()
   slow = _faulty(four_learners, "straggler:learner=2,time=2,duration=20,factor=3")
