@@ -43,3 +43,14 @@ def tiny_config():
 def pytest_addoption(parser):
   parser.addoption("--record-golden", action="store_true",
                    help="re-record tests/golden/ from this code (see tests/test_bit_identity.py)")
+
+
+@pytest.fixture
+def sent_payloads(monkeypatch):
+  """Every compressed payload the run packs, in order (to check the bytes it accounted)."""
+  from runtime.wire import payload as payload_lib  # pylint: disable=g-import-not-at-top
+
+  sent = []
+  pack = payload_lib.pack
+  monkeypatch.setattr(payload_lib, "pack", lambda parts: sent.append(pack(parts)) or sent[-1])
+  return sent

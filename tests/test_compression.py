@@ -164,14 +164,11 @@ def _run(config):
   return modes.train_one(run, Experiment(run), None, "run")
 
 
-def test_a_damaged_compressed_report_is_quarantined_and_the_run_finishes(tiny_config, monkeypatch):
+def test_a_damaged_compressed_report_is_quarantined_and_the_run_finishes(tiny_config, sent_payloads):
   tiny_config.clock.speeds = (1.0, 1.1, 1.2, 1.3)  # one report per merge, so the quarantine is isolated
   tiny_config.compression.up = "topk"
   tiny_config.compression.topk_fraction = 0.1
   tiny_config.faults.schedule = "corrupt:learner=0,time=5,how=flip"
-  sent = []
-  pack = payload_lib.pack
-  monkeypatch.setattr(payload_lib, "pack", lambda parts: sent.append(pack(parts)) or sent[-1])
   result = _run(tiny_config)
   quarantine, = [f for f in result.details["faults"] if f["fault"] == "quarantine"]
   assert quarantine["learner"] == 0 and "corrupt payload" in quarantine["detail"]
@@ -179,7 +176,7 @@ def test_a_damaged_compressed_report_is_quarantined_and_the_run_finishes(tiny_co
   assert any(0 in r["merged"] and r["time"] > quarantine["time"] for r in merges)  # it trains on after a reset
   assert result.tokens == modes.prepare(tiny_config).token_budget
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(result.params))
-  assert result.extras["bytes_up"] == sum(p.nbytes for p in sent)  # exactly the payloads produced
+  assert result.extras["bytes_up"] == sum(p.nbytes for p in sent_payloads)  # exactly the payloads produced
   assert merges[-1]["bytes_up"] == result.extras["bytes_up"]
   assert result.extras["bytes_per_report"] < 0.2 * 4 * sum(x.size for x in jax.tree.leaves(result.params))
 

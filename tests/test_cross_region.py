@@ -5,7 +5,6 @@ import pytest
 
 from runtime import cross_region, modes
 from runtime.experiment import Experiment
-from runtime.wire import payload as payload_lib
 
 
 def _run(config):
@@ -13,20 +12,18 @@ def _run(config):
   return modes.train_one(run, Experiment(run), None, "run")
 
 
-def test_every_report_and_theta_is_charged_its_bytes_and_records_say_which_crossed_regions(tiny_config, monkeypatch):
+def test_every_report_and_theta_is_charged_its_bytes_and_records_say_which_crossed_regions(tiny_config,
+                                                                                          sent_payloads):
   tiny_config.links.num_regions = 2  # learners 1 and 3 reach the syncer across regions
   tiny_config.links.inter_region_bandwidth_bytes_per_s = 1e5
   tiny_config.compression.up = "int4"
-  sent = []
-  pack = payload_lib.pack
-  monkeypatch.setattr(payload_lib, "pack", lambda parts: sent.append(pack(parts)) or sent[-1])
   result = _run(tiny_config)
   # Θ's slow trip down outlasts the next merge; the version it carries must still rebuild the next report.
   assert not [f for f in result.details["faults"] if f["fault"] == "quarantine"]
   merges = [r for r in result.records if r["kind"] == "merge"]
   param_bytes = 4 * sum(x.size for x in jax.tree.leaves(result.params))
   reports = [(b, c, m) for r in merges for b, c, m in zip(r["up_bytes"], r["crossed"], r["merged"])]
-  assert sum(b for b, _, _ in reports) == sum(p.nbytes for p in sent) == result.extras["bytes_up"]
+  assert sum(b for b, _, _ in reports) == sum(p.nbytes for p in sent_payloads) == result.extras["bytes_up"]
   assert all(c == (m % 2 == 1) for _, c, m in reports)
   assert merges[-1]["cross_bytes_up"] == sum(b for b, c, _ in reports if c)
   assert merges[-1]["cross_bytes_down"] == param_bytes * sum(c for _, c, _ in reports)
