@@ -90,6 +90,10 @@ MUTATIONS = {
         _RESUME_TEST),
     "resume_forgets_a_failed_program_in_flight": (
         "runtime/diloco/learner.py", 'failure = part["failure"] or failure', "failure = failure", _RESUME_TEST),
+    "resume_zeroes_the_error_feedback_residual": (
+        "runtime/wire/uplink.py", 'self.residual = unpacker.tree(saved["residual"], place, where=group)',
+        'self.residual = jax.tree.map(lambda r: r * 0, unpacker.tree(saved["residual"], place, where=group))',
+        "tests/test_wire_checkpoint.py::test_a_run_compressed_both_ways_killed_and_resumed_ends_bit_identical[topk]"),
     "program_error_retried_as_a_lost_slice": (
         "runtime/diloco/recovery.py", "    if injection.slice_lost(error):", "    if True:",
         "tests/test_program_errors.py::"

@@ -101,7 +101,7 @@ def test_int4_up_and_down_trains_about_as_well_as_full_transfers(tiny_config):
 
 
 @pytest.mark.parametrize("fields,allowed", [
-    (dict(), "one of"), (dict(mode="dp"), "modes decoupled"), (dict(checkpoint_every=2), "checkpoint")])
+    (dict(), "one of"), (dict(mode="dp"), "modes decoupled")])
 def test_invalid_or_unsupported_down_compression_names_the_field(fields, allowed):
   config = default.get_config()
   config.compression.down = "int2" if not fields else "int4"

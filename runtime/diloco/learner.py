@@ -347,12 +347,7 @@ class Learner:
   def snapshot(self, packer: snapshot_lib.Packer) -> dict:
     """Everything that decides the learner's future; its device state is copied (the next round donates it)."""
     group = f"learner{self.index}"
-    state = None
-    if self.status not in (DOWN, FAILED) and self.state is not None:
-      try:
-        state = tree_transfer.fresh_copy(self.state)
-      except jax.errors.JaxRuntimeError:
-        state = self.state  # its program failed: fetching it fails again, and the snapshot records that error
+    state = snapshot_lib.copied(self.state) if self.status not in (DOWN, FAILED) and self.state is not None else None
     part = self.inflight
     return dict(
         {name: getattr(self, name) for name in self._SAVED}, slice_index=self.slice_index, slices=list(self.slices),
@@ -364,7 +359,9 @@ class Learner:
         inflight=None if part is None else dict(
             kind=part.kind, steps=part.steps, tokens=part.tokens, started_at=part.started_at,
             modeled_seconds=part.modeled_seconds, metrics=packer.tree(part.metrics, "dict", group),
-            failure=part.failure))
+            failure=part.failure),
+        uplink=self.uplink.snapshot(packer, group) if self.uplink and state is not None else None,  # else reset with Θ
+        downlink=self.downlink.snapshot(packer, group) if self.downlink and state is not None else None)
 
   def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker, theta_host: PyTree) -> None:
     """The learner as `snapshot` saw it (the controller has moved it to its slice first)."""
@@ -385,6 +382,10 @@ class Learner:
     if kept:
       self.state = unpacker.tree(saved["state"], snapshot_lib.like(like), where=group)
       self._at_report = unpacker.tree(saved["at_report"], snapshot_lib.like(like.params), where=group)
+      if self.uplink:
+        self.uplink.restore(saved.get("uplink"), unpacker, snapshot_lib.like(like.params), group)
+      if self.downlink:
+        self.downlink.restore(saved.get("downlink"), unpacker)
     if before is not None:  # the state before the part in flight (kept by a learner that reconfigures)
       self._before_part = (unpacker.tree(before["state"], snapshot_lib.like(like), f"{group}.before"), before["data"])
     part = saved["inflight"]

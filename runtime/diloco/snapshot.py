@@ -13,10 +13,12 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from runtime import tree_transfer
 from runtime.diloco.clock import Event
 from runtime.diloco.messages import Delivery, Report
 from runtime.faults import injection
 from runtime.faults.plan import Fault, fault_index
+from runtime.wire.payload import Payload
 
 PyTree = Any
 HOST = "host"  # the group of arrays that no failed program produced
@@ -54,9 +56,9 @@ class Packer:
   def value(self, x: Any) -> Any:
     """JSON for a message, event payload or plain value."""
     if isinstance(x, (Report, Delivery)):
+      trees = dict(params=lambda v: self.tree(v, "params"), payload=self._payload)
       return {"report" if isinstance(x, Report) else "delivery": {
-          f.name: self.tree(x.params, "params") if f.name == "params" else getattr(x, f.name)
-          for f in dataclasses.fields(x)}}
+          f.name: trees.get(f.name, lambda v: v)(getattr(x, f.name)) for f in dataclasses.fields(x)}}
     if isinstance(x, Fault):
       return {"fault": fault_index(self._schedule, x)}
     if isinstance(x, tuple):
@@ -67,6 +69,10 @@ class Packer:
 
   def event(self, event: Event) -> dict:
     return {"kind": event.kind, "learner": event.learner, "payload": self.value(event.payload)}
+
+  def _payload(self, payload: Payload | None) -> dict | None:
+    """A compressed payload's bytes, as one uint8 array."""
+    return None if payload is None else self.tree({"blob": np.frombuffer(payload.blob, np.uint8)}, "dict")
 
 
 def fetch(groups: dict[str, dict[str, jax.Array]]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -111,7 +117,10 @@ class Unpacker:
     if isinstance(x, dict) and len(x) == 1:
       (tag, body), = x.items()
       if tag in ("report", "delivery"):
-        return (Report if tag == "report" else Delivery)(**{**body, "params": self.tree(body["params"])})
+        fields = {**body, "params": self.tree(body["params"]), "payload": self._payload(body.get("payload"))}
+        if tag == "delivery":
+          fields["base"] = tuple(fields.get("base", (-1, 0)))
+        return (Report if tag == "report" else Delivery)(**fields)
       if tag == "fault":
         return self._schedule[body]
       if tag == "tuple":
@@ -120,6 +129,18 @@ class Unpacker:
 
   def event(self, encoded: dict) -> Event:
     return Event(encoded["kind"], encoded["learner"], self.value(encoded["payload"]))
+
+  def _payload(self, encoded: dict | None) -> Payload | None:
+    return None if encoded is None else Payload(self.tree(encoded, lambda x, _: x, where="bytes")["blob"].tobytes())
+
+
+def copied(tree: PyTree) -> PyTree:
+  """A copy of a device tree to snapshot (the next program donates the tree), or the tree itself if the program that
+  made it failed: fetching it then fails again, and the snapshot records that error."""
+  try:
+    return tree_transfer.fresh_copy(tree)
+  except jax.errors.JaxRuntimeError:
+    return tree
 
 
 def like(tree: PyTree) -> Callable[[np.ndarray, int], jax.Array]:

@@ -324,7 +324,8 @@ class Syncer:
                 history=[[v, packer.tree(p, "params")] for v, p in self._history.items()],
                 accepted_norm_ema=self._accepted_norm_ema, pending=[packer.value(r) for r in self._pending],
                 failed_merges=self._failed_merges, failed=list(self._failed), sent=sorted(self._sent.items()),
-                emas=[e.snapshot() for e in (self.xi_step, self.xi_quorum, self.xi_sync)])
+                emas=[e.snapshot() for e in (self.xi_step, self.xi_quorum, self.xi_sync)],
+                mirrors=self.mirrors.snapshot(packer) if self.mirrors else None)
 
   def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker) -> None:
     self.version = saved["version"]
@@ -336,6 +337,8 @@ class Syncer:
     self._sent = dict(saved.get("sent", []))  # (checkpoints from before it was kept)
     for ema, state in zip((self.xi_step, self.xi_quorum, self.xi_sync), saved["emas"]):
       ema.restore(state)
+    if self.mirrors:
+      self.mirrors.restore(saved.get("mirrors"), unpacker)
 
   def _screen(self, norm: float) -> str:
     """Why a delta of this norm must not be merged, or '' if it may."""

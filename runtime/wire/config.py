@@ -33,18 +33,16 @@ def validate(run: Any) -> None:
   check(0 < c.topk_fraction <= 1, "compression.topk_fraction", c.topk_fraction, "a float in (0, 1]")
   check(c.topk_values in VALUE_FORMATS, "compression.topk_values", c.topk_values, f"one of {VALUE_FORMATS}")
   if c.down != "none":
-    _check_supported(run, "compression.down", c.down, "its Θ̃")
+    _check_supported(run, "compression.down", c.down)
   if c.up == "none":
     wants = [f.text for f in run.faults.schedule if f.kind == "corrupt" and f.how in PAYLOAD_CORRUPTIONS]
     check(not wants, "faults.schedule", "; ".join(wants), f"corrupt how=nan|inf|huge while compression.up is "
           f"'none' (how={'|'.join(PAYLOAD_CORRUPTIONS)} corrupt a compressed payload)")
     return
-  _check_supported(run, "compression.up", c.up, "a learner's residual")
+  _check_supported(run, "compression.up", c.up)
 
 
-def _check_supported(run: Any, field: str, value: str, unsaved: str) -> None:
-  """Compression is DiLoCo's, and not yet checkpointed (`unsaved`: the state a checkpoint would miss)."""
+def _check_supported(run: Any, field: str, value: str) -> None:
+  """Compression is DiLoCo's."""
   check(run.mode in ("decoupled", "diloco_sync"), field, value,
         f"'none' in mode '{run.mode}' (compressed transfers are DiLoCo's: modes decoupled, diloco_sync)")
-  check(not (run.checkpoint_every or run.checkpoint_seconds), field, value,
-        f"'none' while checkpoint_every or checkpoint_seconds is set ({unsaved} is not saved yet)")

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from runtime.diloco import snapshot as snapshot_lib
 from runtime.wire import codecs
 from runtime.wire import payload as payload_lib
 from runtime.wire.config import CompressionConfig
@@ -59,6 +60,17 @@ class Mirrors:
     self._held[learner] = (self._count, jax.device_put(mirror, sharding))
     return payload, self._count
 
+  def snapshot(self, packer: snapshot_lib.Packer, group: str = snapshot_lib.HOST) -> dict:
+    """Every learner's mirror and its number, and the count of mirrors made."""
+    held = [[m, number, packer.tree(theta, "params", group)] for m, (number, theta) in sorted(self._held.items())]
+    return dict(count=self._count, held=held)
+
+  def restore(self, saved: dict | None, unpacker: snapshot_lib.Unpacker) -> None:
+    """The mirrors as `snapshot` saw them, on the syncer's host CPU device (none in a checkpoint from before)."""
+    saved = saved or dict(count=0, held=[])
+    self._count = saved["count"]
+    self._held = {m: (number, unpacker.tree(theta)) for m, number, theta in saved["held"]}
+
 
 class Downlink:
   """The learner's end: the Θ it holds on the host (a copy of Θ whole, or its mirror) and the key naming it."""
@@ -86,3 +98,13 @@ class Downlink:
     self.theta = _add(self.theta, self.codec.open(delivery.payload))
     self.key = (delivery.mirror, delivery.version)
     return self.theta
+
+  def snapshot(self, packer: snapshot_lib.Packer, group: str = snapshot_lib.HOST) -> dict:
+    """The Θ held (host arrays, never changed in place) and its key."""
+    return dict(theta=packer.tree(self.theta, "params", group), key=list(self.key))
+
+  def restore(self, saved: dict | None, unpacker: snapshot_lib.Unpacker) -> None:
+    """The Θ held (NumPy, as `hold` makes it) and its key as `snapshot` saw them."""
+    if saved is not None:  # (None: a checkpoint from before they were saved)
+      self.theta = unpacker.tree(saved["theta"], lambda x, _: np.array(x, np.float32), where="numpy")
+      self.key = tuple(saved["key"])

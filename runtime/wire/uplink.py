@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from runtime.diloco import snapshot as snapshot_lib
 from runtime.faults import injection
 from runtime.wire import codecs
 from runtime.wire import payload as payload_lib
@@ -48,13 +49,17 @@ class Uplink:
 
   def start(self, theta: PyTree, keep_residual: bool = False) -> None:
     """Θ was adopted: outer gradients are measured from it; the residual is dropped unless `keep_residual`."""
-    if self.codec is None:
-      self.codec = codecs.Codec(self.cfg, theta)
-      self._program = jax.jit(functools.partial(_encode, codec=self.codec), donate_argnums=2)
+    self._compile(theta)
     self.theta = _copy(theta)  # the learner's next round donates the buffers it adopted
     if self.cfg.error_feedback and not (keep_residual and self.residual is not None):
       shardings = jax.tree.map(lambda x: x.sharding, theta)  # zeros depend on no input: placed explicitly
       self.residual = jax.jit(lambda t: jax.tree.map(jnp.zeros_like, t), out_shardings=shardings)(theta)
+
+  def _compile(self, like: PyTree) -> None:
+    """The codec and the quantizing program, made once (shapes follow from Θ)."""
+    if self.codec is None:
+      self.codec = codecs.Codec(self.cfg, like)
+      self._program = jax.jit(functools.partial(_encode, codec=self.codec), donate_argnums=2)
 
   def encode(self, params: PyTree, corrupt: str = "") -> payload_lib.Payload:
     """The payload of Δ = Θ − θ; `corrupt` injects a fault into θ (nan, inf, huge) or into the payload's bytes."""
@@ -63,3 +68,17 @@ class Uplink:
     parts, self.residual = self._program(self.theta, params, self.residual)
     payload = payload_lib.pack(jax.device_get(parts))
     return payload_lib.corrupted(payload, corrupt) if corrupt in PAYLOAD_CORRUPTIONS else payload
+
+  def snapshot(self, packer: snapshot_lib.Packer, group: str) -> dict:
+    """Θ and the residual, into the learner's `group` (the residual copied: the next report donates it)."""
+    residual = None if self.residual is None else snapshot_lib.copied(self.residual)
+    return dict(theta=packer.tree(self.theta, "params", group), residual=packer.tree(residual, "params", group))
+
+  def restore(self, saved: dict | None, unpacker: snapshot_lib.Unpacker, place: Any, group: str) -> None:
+    """Θ and the residual as `snapshot` saw them, each leaf placed by `place` (on the learner's slice)."""
+    if saved is None:  # a checkpoint from before the uplink was saved: start() sets it at the next Θ
+      return
+    self.theta = unpacker.tree(saved["theta"], place, where=group)
+    self.residual = unpacker.tree(saved["residual"], place, where=group)
+    if self.theta is not None:
+      self._compile(self.theta)
