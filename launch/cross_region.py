@@ -6,7 +6,7 @@ from runtime import cli
 
 _CONFIG = cli.define_config("cross_region", "Experiment config: a path or a name.")
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/cross_region", "Where the tables and the plot go.")
-_BANDWIDTHS = flags.DEFINE_list("bandwidths", ["1e6", "1e5", "5e4", "1e3"],
+_BANDWIDTHS = flags.DEFINE_list("bandwidths", ["1e6", "1e5", "5e4", "3e4", "1e3"],
                                 "Inter-region bandwidths (bytes per modeled second) besides unlimited.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of the compression-quality runs.")
 _VARIANTS = flags.DEFINE_list("variants", [], "A subset of the variants: dp, decoupled_fp32, decoupled_int4, "

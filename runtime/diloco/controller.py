@@ -268,8 +268,8 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
     for learner in self.learners:
       if tokens and learner.status == DONE:  # finished learners take the returned budget, from the current Θ
         learner.set_status(WAITING, self.clock.now())
-        learner.deliver(self.syncer.latest(learner.round))
-        self._adopt(learner)
+        delay = self.links.send_down(learner.index, self.clock.now())  # pulled whole
+        self.clock.after(delay, Event("params_arrived", learner.index, self.syncer.latest(learner.round)))
 
   # The syncer ----------------------------------------------------------------------------------------
 

@@ -87,7 +87,7 @@ class Membership:
 
   def _join(self, learner: Learner, slice_index: int) -> None:
     learner.rejoin(slice_index, self.slices[slice_index], self.syncer.params, self.syncer.version, self.clock.now())
-    self._start_round(learner)
+    self._pull_theta(learner)
 
   def _on_reclaim(self, event: Event) -> None:
     i, slices = event.payload

@@ -164,7 +164,7 @@ class Reconfiguration:
     now = self.clock.now()
     learner.rejoin(tuple(owned), [self.slices[s] for s in owned], self.syncer.params, self.syncer.version, now)
     self.log.fault("rejoin", learner.index, now, f"on slices {owned}")
-    self._start_round(learner)
+    self._pull_theta(learner)
 
   def _rejoin_settled(self) -> None:
     """After a merge: learners of several slices that were down only for their reports' verdicts rejoin."""

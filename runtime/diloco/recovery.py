@@ -140,7 +140,18 @@ class Recovery:
     self.pool.release(learner.index)
     learner.rejoin(slice_index, self.slices[slice_index], self.syncer.params, self.syncer.version, self.clock.now())
     self.log.fault("rejoin", learner.index, self.clock.now(), f"on slice {slice_index}")
-    self._start_round(learner)
+    self._pull_theta(learner)
+
+  def _pull_theta(self, learner: Learner) -> None:
+    """A learner (re)starting from Θ (rejoin, join) pulls it whole over its path: the bytes are charged, and its
+    first round starts when they have arrived."""
+    delay = self.links.send_down(learner.index, self.clock.now())
+    self.clock.after(delay, Event("theta_pulled", learner.index, learner.round))
+
+  def _on_theta_pulled(self, event: Event) -> None:
+    learner = self.learners[event.learner]
+    if learner.status == WAITING and learner.round == event.payload and learner.inflight is None:
+      self._start_round(learner)  # (a learner that failed meanwhile, or moved on, ignores it)
 
   def _on_straggler(self, event: Event) -> None:
     self.clock.set_slowdown(event.learner, event.payload)
@@ -163,5 +174,7 @@ class Recovery:
     self.clock.after(delay, Event("params_arrived", learner.index, self.syncer.resend(delivery)))
 
   def _on_report_timeout(self, event: Event) -> None:
-    """A learner whose report was lost pulls the current Θ and trains that data again."""
-    self._on_params_arrived(Event("params_arrived", event.learner, self.syncer.answer(event.payload, "lost")))
+    """A learner whose report was lost pulls the current Θ (charged on its path) and trains that data again."""
+    answer = self.syncer.answer(event.payload, "lost")
+    delay = self.links.send_down(event.learner, self.clock.now(), answer.payload)
+    self.clock.after(delay, Event("params_arrived", event.learner, answer))
