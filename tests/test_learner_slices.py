@@ -83,6 +83,15 @@ def test_losing_one_slice_it_trains_on_with_the_other_and_grows_back_when_the_sl
   _assert_trained_everything(result)
 
 
+def test_a_compressed_learner_takes_its_theta_and_residual_along_when_it_shrinks_and_grows(two_slice_learners):
+  """Regression: the uplink's Θ and error-feedback residual stayed on the old slice set (a JAX device error)."""
+  two_slice_learners.compression.up, two_slice_learners.compression.down = "topk", "int4"
+  result = modes.train(two_slice_learners, None)[0]
+  kinds = [kind for kind, _, _ in _faults(result)]
+  assert "shrink" in kinds and "expand" in kinds and "crash" not in kinds, kinds
+  _assert_trained_everything(result)
+
+
 @pytest.mark.slow  # CI time: the shrink/grow and restart tests stay in the default suite
 def test_reconfiguring_keeps_the_work_trained_before_the_part_in_flight(two_slice_learners):
   """The shrink loses only the part in flight; the restart loses everything not yet merged."""

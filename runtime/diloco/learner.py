@@ -96,9 +96,10 @@ class Learner:
   def regroup(self, slices: tuple[int, ...], groups: list[list[jax.Device]]) -> None:
     """Moves the learner of several slices, its state with it, onto another set of them (one lost, or one back)."""
     self.move_to(slices, groups)
-    self.state = placement_lib.moved(self.state, self.mesh)
-    if self._at_report is not None:
-      self._at_report = placement_lib.moved(self._at_report, self.mesh)
+    move = lambda tree: None if tree is None else placement_lib.moved(tree, self.mesh)
+    self.state, self._at_report = move(self.state), move(self._at_report)
+    if self.uplink:  # the Θ its outer gradient is measured from, and its residual, live on its slices too
+      self.uplink.move(move)
 
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
     """Starts from Θ with fresh inner optimizer state (initial start, rejoin, quarantine)."""

@@ -7,7 +7,7 @@ on a (re)start from Θ, after a quarantined report, and when its data is served 
 """
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -68,6 +68,10 @@ class Uplink:
     parts, self.residual = self._program(self.theta, params, self.residual)
     payload = payload_lib.pack(jax.device_get(parts))
     return payload_lib.corrupted(payload, corrupt) if corrupt in PAYLOAD_CORRUPTIONS else payload
+
+  def move(self, move: Callable[[PyTree], PyTree]) -> None:
+    """The learner moved onto another set of slices: Θ and the residual go with it (`move` lays a tree out there)."""
+    self.theta, self.residual = move(self.theta), move(self.residual)
 
   def snapshot(self, packer: snapshot_lib.Packer, group: str) -> dict:
     """Θ and the residual, into the learner's `group` (the residual copied: the next report donates it)."""
