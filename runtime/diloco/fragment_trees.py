@@ -70,10 +70,10 @@ class LearnerFragments:
       self.trees = FragmentTrees(theta, self.num)
 
   def part(self, tree: PyTree, p: int) -> PyTree:
-    return self.trees.part(tree, p)
+    return tree if self.num == 1 else self.trees.part(tree, p)  # (one fragment: also before any Θ, on a resume)
 
   def put(self, tree: PyTree, part: PyTree, p: int) -> PyTree:
-    return self.trees.put(tree, part, p)
+    return part if self.num == 1 else self.trees.put(tree, part, p)
 
   def next(self) -> int:
     """The fragment its next report carries."""
