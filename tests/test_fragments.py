@@ -190,6 +190,19 @@ def test_one_fragment_is_the_unfragmented_runtime(tiny_config):
   assert FragmentTrees(tree, 1).part(tree, 0) is tree
 
 
+def test_learners_out_of_phase_merge_their_fragments_without_waiting_for_each_other(tiny_config):
+  tiny_config.inner_steps, tiny_config.fragments, tiny_config.overlap_steps = 8, 2, 1
+  tiny_config.outer.quorum = 2
+  tiny_config.clock.speeds = (1.0, 1.7, 1.0, 2.3)  # reports of different fragments arrive side by side
+  budget = modes.prepare(tiny_config).token_budget
+  result = _run(tiny_config)
+  merges = [r for r in result.records if r["kind"] == "merge"]
+  assert {r["fragment"] for r in merges} == {0, 1}
+  assert any(r["num_merged"] == 1 for r in merges)  # K = 2 capped by the learners that owe that fragment
+  assert_ranges_tile(result)
+  assert result.tokens == budget
+
+
 @pytest.mark.parametrize("mode,schedule", [
     ("decoupled", "crash:learner=1,time=3,repair=2"),
     ("diloco_sync", "crash:learner=1,time=3,repair=2"),
