@@ -18,6 +18,7 @@ from runtime.diloco.messages import Report
 from runtime.errors import ConfigError
 from runtime.experiment import Experiment
 from invariants import assert_ranges_tile
+from test_resume import FAULTS, assert_resumes_bit_identical
 
 
 @settings(max_examples=200, deadline=None)
@@ -231,7 +232,6 @@ def test_faults_with_fragments_lose_no_token_and_merge_none_twice(tiny_config, m
     (dict(fragments=2, mode="dp"), "mode"),
     (dict(fragments=2, **{"compression.up": "int4"}), "compression.up"),
     (dict(fragments=2, **{"compression.down": "int8"}), "compression.down"),
-    (dict(fragments=2, checkpoint_every=2), "checkpoint_every"),
     (dict(fragments=2, **{"clock.kind": "real"}), "clock.kind"),
 ])
 def test_unsupported_fragment_settings_are_config_errors_naming_the_field(tiny_config, fields, field):
@@ -241,3 +241,20 @@ def test_unsupported_fragment_settings_are_config_errors_naming_the_field(tiny_c
   with pytest.raises(ConfigError) as error:
     from_config_dict(tiny_config)
   assert error.value.field == field
+
+
+@pytest.mark.parametrize("schedule,kills,steps", [("", (4,), 12), pytest.param(FAULTS, (5, 11), 24,
+                                                                               marks=pytest.mark.slow)])
+def test_a_run_with_fragments_killed_and_resumed_ends_bit_identical(tiny_config, tmp_path, monkeypatch, schedule,
+                                                                     kills, steps):
+  """Reports of one fragment in transit and waiting, fragment Θ on its way, per-fragment bases and momentum (with
+  faults: ~10 minutes on the loaded 2-core host, hence slow)."""
+  tiny_config.learners, tiny_config.num_devices, tiny_config.slices = 3, 4, 4  # one spare slice
+  tiny_config.data.batch_size, tiny_config.total_steps = 12, steps
+  tiny_config.inner_steps, tiny_config.overlap_steps, tiny_config.fragments = 4, 1, 2
+  tiny_config.outer.quorum, tiny_config.clock.latency_s = 2, 0.3
+  tiny_config.faults.schedule, tiny_config.faults.report_timeout_seconds = schedule, 3.0
+  tiny_config.checkpoint_every = 1
+  result = assert_resumes_bit_identical(tiny_config, tmp_path, monkeypatch, kills)
+  assert {r["fragment"] for r in result.records if r["kind"] == "merge"} == {0, 1}
+  assert_ranges_tile(result, learners=range(3))

@@ -80,6 +80,8 @@ class Controller(Merging, Recovery, Membership, Reconfiguration, Durability):
     self.reports_in_transit = 0
     self.merges_done = 0  # merges handled (committed or not): checkpoints are numbered by them
     self.treedefs = dict(params=jax.tree.structure(theta), outer=jax.tree.structure(self.syncer.opt_state),
+                         **{f"params/{p}": jax.tree.structure(self.syncer.trees.part(theta, p))
+                            for p in range(run.fragments) if run.fragments > 1},
                          train=jax.tree.structure(jax.eval_shape(lambda p: init_state(p, tx), theta)))
     self.checkpoints = None
     if workdir is not None and (run.checkpoint_every or run.checkpoint_seconds):

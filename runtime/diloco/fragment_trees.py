@@ -79,6 +79,10 @@ class LearnerFragments:
     """The fragment its next report carries."""
     return fragments_lib.fragment_of(self.reports, self.num)
 
+  def last(self) -> int:
+    """The fragment its last report carried."""
+    return fragments_lib.fragment_of(self.reports - 1, self.num)
+
   def owed(self, reports_out: int) -> int:
     """The fragment of the report it has outstanding, or else of the one it trains toward."""
     return fragments_lib.fragment_of(self.reports - 1 if reports_out else self.reports, self.num)
@@ -92,6 +96,14 @@ class LearnerFragments:
     self._at_report = (tokens, steps)
     return dict(base_version=self.versions[p], fragment=p, fragment_tokens=tokens - self._marks[p][0],
                 fragment_steps=steps - self._marks[p][1])
+
+  def snapshot(self) -> dict:
+    return dict(versions=self.versions, marks=self._marks, at_report=self._at_report, reports=self.reports)
+
+  def restore(self, saved: dict | None) -> None:
+    if saved is not None:  # (None: a checkpoint from before fragments)
+      self.versions, self.reports = list(saved["versions"]), saved["reports"]
+      self._marks, self._at_report = [tuple(m) for m in saved["marks"]], tuple(saved["at_report"])
 
   def received(self, p: int, version: int, tokens: int, steps: int) -> None:
     """Fragment p (WHOLE: all of them) is now held from Θ `version`; the learner has trained `tokens`, `steps`."""

@@ -30,7 +30,8 @@ class LearnerSnapshots:
         state = self.state  # its program failed: fetching it fails again, and the snapshot records that error
     part = self.inflight
     return dict(
-        {name: getattr(self, name) for name in self._SAVED}, slice_index=self.slice_index, slices=list(self.slices),
+        {name: getattr(self, name) for name in self._SAVED}, fragments=self.fragments.snapshot(),
+        total_tokens=self.total_tokens, slice_index=self.slice_index, slices=list(self.slices),
         data=self._data.position, before=None if self._before_part is None else dict(
             state=packer.tree(self._before_part[0], "train", f"{group}.before"), data=self._before_part[1]),
         leases=None if self.leased is None else self.leased.snapshot(),
@@ -46,6 +47,9 @@ class LearnerSnapshots:
     for name in self._SAVED:
       setattr(self, name, saved[name])
     self.slices, self.slice_index = tuple(saved["slices"]), saved["slice_index"]
+    self.total_tokens = saved.get("total_tokens", 0)  # (checkpoints from before fragments)
+    self.fragments.bind(theta_host)
+    self.fragments.restore(saved.get("fragments"))
     if self.leased is not None:
       self.leased.restore_leases(saved["leases"])
     self._data.restore(saved["data"])
@@ -59,7 +63,8 @@ class LearnerSnapshots:
     like = self._init(tree_transfer.copy_to(theta_host, self.param_sharding), 0) if kept or before else None
     if kept:
       self.state = unpacker.tree(saved["state"], snapshot_lib.like(like), where=group)
-      self._at_report = unpacker.tree(saved["at_report"], snapshot_lib.like(like.params), where=group)
+      at_report = self.fragments.part(like.params, self.fragments.last())  # (its last report's fragment)
+      self._at_report = unpacker.tree(saved["at_report"], snapshot_lib.like(at_report), where=group)
     if before is not None:  # the state before the part in flight (kept by a learner that reconfigures)
       self._before_part = (unpacker.tree(before["state"], snapshot_lib.like(like), f"{group}.before"), before["data"])
     part = saved["inflight"]

@@ -363,7 +363,8 @@ class Syncer:
     return dict(version=self.version, params=packer.tree(self.params, "params"),
                 opt_state=packer.tree(self.opt_state, "outer"),
                 history=[[v, packer.tree(p, "params")] for v, p in self._history.items()],
-                accepted_norm_ema=self._accepted_norm_ema[0], pending=[packer.value(r) for r in self._pending],
+                accepted_norm_ema=self._accepted_norm_ema[0] if self.trees.num == 1 else self._accepted_norm_ema,
+                pending=[packer.value(r) for r in self._pending],
                 failed_merges=self._failed_merges, failed=list(self._failed), sent=sorted(self._sent.items()),
                 emas=[e.snapshot() for e in (self.xi_step, self.xi_quorum, self.xi_sync)])
 
@@ -371,7 +372,8 @@ class Syncer:
     self.version = saved["version"]
     self.params, self.opt_state = unpacker.tree(saved["params"]), unpacker.tree(saved["opt_state"])
     self._history = {v: unpacker.tree(p) for v, p in saved["history"]}
-    self._accepted_norm_ema = [saved["accepted_norm_ema"]]
+    ema = saved["accepted_norm_ema"]
+    self._accepted_norm_ema = list(ema) if isinstance(ema, list) else [ema]
     self._pending = [unpacker.value(r) for r in saved["pending"]]
     self._failed_merges, self._failed = saved["failed_merges"], list(saved["failed"])
     self._sent = dict(saved.get("sent", []))  # (checkpoints from before it was kept)
