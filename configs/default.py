@@ -35,6 +35,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.inner_steps = 30
   # τ: inner steps a learner keeps training while its report is merged (0 = wait for Θ).
   config.overlap_steps = 0
+  # P: Streaming DiLoCo fragments (modes decoupled, diloco_sync). P > 1: a learner reports every H/P inner steps, each
+  # report carrying one of P balanced groups of tensors in turn (each fragment syncs every H steps, staggered by H/P),
+  # merged with that fragment's own quorum, grace window and outer momentum; τ < H/P. 1 = the whole model each H.
+  config.fragments = 1
   # Token budget in inner steps at the full global batch (the same budget in every mode).
   config.total_steps = 300
   # Evaluate Θ every this many steps' worth of merged tokens.

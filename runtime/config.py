@@ -13,7 +13,8 @@ from models.config import ModelConfig
 from runtime import capacity as capacity_lib
 from runtime import learner_slices
 from runtime.data import SHARD_LAYOUTS
-from runtime.errors import ConfigError, check
+from runtime import fragments as fragments_lib
+from runtime.errors import ConfigError, check, check_types
 from runtime.faults import plan as fault_plan, replay as fault_replay
 from runtime.faults.plan import FaultConfig, parse_schedule
 from runtime.network import config as links_config
@@ -128,6 +129,7 @@ class RunConfig:
   slices_per_learner: int = 1  # k: each learner's round runs data-parallel over k slices (runtime/learner_slices.py)
   inner_steps: int = 30  # H
   overlap_steps: int = 0  # τ: inner steps a learner keeps training while its report syncs
+  fragments: int = 1  # P: each report carries one of P fragments of the model (runtime/fragments.py)
   total_steps: int = 300  # per-learner inner steps at full global batch; fixes the token budget
   eval_every: int = 50  # inner steps between evals (DP) / per learner (DiLoCo: rounded to rounds)
   eval_batches: int = 8
@@ -145,6 +147,11 @@ class RunConfig:
   def tokens_per_step(self) -> int:
     """Tokens the whole job trains on per inner step (global batch × sequence length)."""
     return self.data.batch_size * self.data.seq_len
+
+  @property
+  def round_steps(self) -> int:
+    """A DiLoCo learner's inner steps per round (between two reports): H, or H/P with P fragments."""
+    return self.inner_steps // self.fragments
 
   @property
   def token_budget(self) -> int:
@@ -272,28 +279,12 @@ def with_mode(run: RunConfig, mode: str) -> RunConfig:
   return run
 
 
-_TYPE_NAMES = {int: "an integer", float: "a finite number", bool: "True or False", str: "a string"}
-
-
-def _check_types(section: Any, prefix: str) -> None:
-  """Every scalar field holds its declared type (floats finite; None only where the type allows it)."""
-  for f in dataclasses.fields(section):
-    value, name = getattr(section, f.name), f"{prefix}{f.name}"
-    kinds = [k for k in (typing.get_args(f.type) or (f.type,)) if k in _TYPE_NAMES]
-    if not kinds or typing.get_origin(f.type) is tuple or (value is None and type(None) in typing.get_args(f.type)):
-      continue
-    allowed = " or ".join(_TYPE_NAMES[k] for k in kinds) + (" or None" if type(None) in typing.get_args(f.type) else "")
-    ok = any(isinstance(value, k) and (k is bool or not isinstance(value, bool)) for k in kinds)
-    ok = ok or (float in kinds and isinstance(value, int) and not isinstance(value, bool))
-    check(ok and (not isinstance(value, float) or math.isfinite(value)), name, value, allowed)
-
-
 def validate(run: RunConfig) -> None:
   """Raises ConfigError on the first field outside what it allows."""
   m, d, i, o, c = run.model, run.data, run.inner, run.outer, run.clock
-  _check_types(run, "")
+  check_types(run, "")
   for name in SECTIONS:
-    _check_types(getattr(run, name), f"{name}.")
+    check_types(getattr(run, name), f"{name}.")
   check(run.mode in MODES, "mode", run.mode, f"one of {MODES}")
   check(0 <= run.seed < 2**32, "seed", run.seed, "an integer in [0, 2**32)")
   check(run.num_devices >= 1, "num_devices", run.num_devices, "an integer >= 1")
@@ -394,6 +385,6 @@ def validate(run: RunConfig) -> None:
   check(o.max_update_ratio > 0, "outer.max_update_ratio", o.max_update_ratio, "a float > 0")
   check(o.divergence_merges >= 1, "outer.divergence_merges", o.divergence_merges, "an integer >= 1")
   fault_plan.validate(run), fault_replay.validate(run)
-  wire_config.validate(run), links_config.validate(run)
+  wire_config.validate(run), links_config.validate(run), fragments_lib.validate(run)
   check(c.latency_s >= 0 and c.merge_seconds >= 0, "clock.latency_s/clock.merge_seconds",
          (c.latency_s, c.merge_seconds), "floats >= 0")

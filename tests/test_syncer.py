@@ -62,12 +62,12 @@ def test_a_delta_far_above_the_recent_norm_is_quarantined_below_the_absolute_lim
 def test_quorum_is_reached_at_exactly_k_reports_and_never_exceeds_the_learners_able():
   syncer = _syncer(quorum=2)
   params = {"w": jnp.ones(3)}
-  assert not syncer.quorum_reached(able=4)
+  assert syncer.ready(able=[4]) is None
   syncer.receive(_report(0, params))
-  assert not syncer.quorum_reached(able=4)
-  assert syncer.quorum_reached(able=1) and syncer.quorum(1) == 1  # only one learner can still report
+  assert syncer.ready(able=[4]) is None
+  assert syncer.ready(able=[1]) == 0 and syncer.quorum(1) == 1  # only one learner can still report
   syncer.receive(_report(1, params))
-  assert syncer.quorum_reached(able=4) and syncer.quorum(4) == 2
+  assert syncer.ready(able=[4]) == 0 and syncer.quorum(4) == 2
   assert [r.learner for r in syncer.take_pending()] == [0, 1] and not syncer.pending
   assert syncer.quorum(0) == 1
 

@@ -25,10 +25,11 @@ from runtime.config import RunConfig
 from runtime.errors import TrainingDiverged
 from runtime.diloco.clock import Event, make_clock
 from runtime.diloco.ledger import Ledger
-from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING, Learner
+from runtime.diloco.learner import ABSENT, DONE, DOWN, RECONFIGURING, TRAINING, WAITING, Learner
 from runtime.diloco.links import Links
 from runtime.diloco.durability import Durability
 from runtime.diloco.membership import Membership
+from runtime.diloco.merging import Merging
 from runtime.diloco.reconfiguration import Reconfiguration
 from runtime.diloco.recovery import Recovery
 from runtime.diloco.run_log import RunLog
@@ -45,7 +46,7 @@ from runtime.wire.downlink import Mirrors
 from runtime.wire.payload import CorruptPayload
 
 
-class Controller(Recovery, Membership, Reconfiguration, Durability):
+class Controller(Merging, Recovery, Membership, Reconfiguration, Durability):
   """Runs Decoupled DiLoCo (or synchronous DiLoCo with quorum = M) to the token budget."""
 
   def __init__(self, run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str):
@@ -66,10 +67,10 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
         run.model, jax.random.key(run.seed))
     codec = Codec(run.compression, theta) if run.compression.up != "none" else None
     mirrors = Mirrors(run.compression, theta) if run.compression.down != "none" else None
-    self.syncer = Syncer(run.outer, theta, len(self.learners), run.overlap_steps, codec, mirrors)
+    self.syncer = Syncer(run.outer, theta, len(self.learners), run.overlap_steps, codec, mirrors, run.fragments)
     shares = [run.learner_batch(m) * run.learners / run.data.batch_size for m in range(len(self.learners))]
     self.clock = make_clock(run.clock, len(self.learners), run.seed, shares)
-    self.links = Links(run, self.clock.transfer_seconds, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(theta)))
+    self.links = Links(run, self.clock.transfer_seconds, self.syncer.trees.nbytes)
     self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="syncer")
     self.worker.submit(self.syncer.compile_merges)  # every merge size, before the first merge needs one
     self.ledger = Ledger(num_slices=run.num_slices)
@@ -79,6 +80,8 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
     self.reports_in_transit = 0
     self.merges_done = 0  # merges handled (committed or not): checkpoints are numbered by them
     self.treedefs = dict(params=jax.tree.structure(theta), outer=jax.tree.structure(self.syncer.opt_state),
+                         **{f"params/{p}": jax.tree.structure(self.syncer.trees.part(theta, p))
+                            for p in range(run.fragments) if run.fragments > 1},
                          train=jax.tree.structure(jax.eval_shape(lambda p: init_state(p, tx), theta)))
     self.checkpoints = None
     if workdir is not None and (run.checkpoint_every or run.checkpoint_seconds):
@@ -166,7 +169,7 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
 
   def _start_round(self, learner: Learner) -> None:
     """Dispatches the main part: H − τ steps, or the whole steps left of the budget if fewer."""
-    steps = min(self.run.inner_steps - self.run.overlap_steps, self._steps_left(learner))
+    steps = min(self.run.round_steps - self.run.overlap_steps, self._steps_left(learner))
     if steps < 1 and learner.tokens:  # the budget is spent: report the overlap work carried onto Θ
       self._send_report(learner, self.clock.now())
       return
@@ -237,7 +240,7 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
 
   def _send_report(self, learner: Learner, now: float) -> None:
     report = learner.report(now, self.host_sharding)
-    delay = self.links.send_up(learner.index, now, report.payload)
+    delay = self.links.send_up(learner.index, now, report.payload, report.fragment)
     if delay is None:  # as if never sent: the learner times out and trains it again
       self.log.fault("link_drop", learner.index, now, f"report of {report.tokens} tokens lost")
       self.ledger.lost(report.busy_seconds)
@@ -273,50 +276,17 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
 
   # The syncer ----------------------------------------------------------------------------------------
 
-  def _able(self) -> int:
-    """Learners that can still report."""
-    return sum(l.status not in (DOWN, DONE, FAILED, ABSENT) for l in self.learners)
-
-  def _grace_seconds(self) -> float:
-    now, step = self.clock.now(), self.syncer.xi_step.value
-    needs_theta_at = [self.learners[r.learner].needs_theta_at(now, step) for r in self.syncer.pending]
-    return self.syncer.grace_seconds(now, needs_theta_at)
-
-  def _on_report_arrived(self, event: Event) -> None:
-    self.reports_in_transit -= 1
-    self.syncer.receive(event.payload)
-    self._maybe_merge()
-
-  def _maybe_merge(self) -> None:
-    if self.merge_state == "idle" and self.syncer.quorum_reached(self._able()):
-      self.syncer.observe_quorum(self.clock.now())
-      self._schedule_merge(self._grace_seconds())
-
-  def _schedule_merge(self, delay: float) -> None:
-    self.merge_state = "scheduled"
-    self.clock.after(delay, Event("merge_due"))
-
-  def _on_merge_due(self, _: Event) -> None:
-    if not self.syncer.pending:
-      self.merge_state = "idle"
-      return
-    reports = self.syncer.take_pending()
-    self.merge_state = "running"
-    future = self.worker.submit(self.syncer.compute, reports, self._members())
-    self.clock.on_done(future, self.run.clock.merge_seconds,
-                       Event("merge_done", payload=(future, reports, self.clock.now())))
-
   def _on_merge_done(self, event: Event) -> None:
     future, reports, started = event.payload
     result: MergeResult = future.result()
     now = self.clock.now()
-    self.syncer.commit(result, [l.base_version for l in self.learners])
+    self.syncer.commit(result, [v for l in self.learners for v in l.live_versions()])
     if self.syncer.divergence():
       raise TrainingDiverged(self.syncer.divergence())
     self.merge_state = "idle"
     quarantined = dict(result.quarantined)
     answers = [self.syncer.answer(r, "quarantined" if r.learner in quarantined else "merged") for r in reports]
-    transfers = [self.links.send_down(r.learner, now, a.payload) for r, a in zip(reports, answers)]  # on each path
+    transfers = [self.links.send_down(r.learner, now, a.payload, a.fragment) for r, a in zip(reports, answers)]
     self.syncer.observe_sync(2 * max(transfers) + now - started)  # report up, merge, Θ down
     for report, transfer, answer in zip(reports, transfers, answers):
       merged = report.learner not in quarantined
@@ -335,8 +305,8 @@ class Controller(Recovery, Membership, Reconfiguration, Durability):
       if not self.learners[m].reports_out:
         self._rejoin(self.learners[m], s)
     self._rejoin_settled()
-    self.log.merge(result, reports, now, self.clock.wall_stamp(), self.learners, self._grace_seconds(),
-                   self.syncer.quorum(self._able()), self.ledger.goodput(now))
+    self.log.merge(result, reports, now, self.clock.wall_stamp(), self.learners, self._grace_seconds(result.fragment),
+                   self.syncer.quorum(self._able(result.fragment)), self.ledger.goodput(now))
     self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp())
     self._maybe_merge()
     self.merges_done += 1

@@ -1,7 +1,9 @@
 """A learner: one slice's mesh, data shard, parameters and inner AdamW state, and its rounds.
 
-A round is the learner's work between two receipts of Θ: H inner steps, dispatched as a main part of
-H − τ steps that ends in a report, and an overlap part of τ steps that trains while the report syncs.
+A round is the learner's work between two receipts of Θ: H inner steps (H/P with P fragments, each report then
+carrying one fragment: runtime/fragments.py), dispatched as a main part of H − τ steps that ends in a report, and
+an overlap part of τ steps that trains while the report syncs. Θ of one fragment replaces (carry, mix, overwrite)
+that fragment's tensors only: the others keep their local progress; Θ whole replaces them all.
 The learner keeps its own bookkeeping (tokens and steps since Θ, where its data stands, what it has
 reported); the controller only asks it to dispatch, collect, report, adopt Θ, fail and rejoin.
 """
@@ -12,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from runtime import data as data_lib
 from runtime import tree_transfer
@@ -20,9 +21,11 @@ from runtime.config import RunConfig
 from runtime.data_service import LeasedStream
 from runtime.diloco import placement as placement_lib
 from runtime.diloco import receive as receive_lib
-from runtime.diloco import snapshot as snapshot_lib
+from runtime.diloco.fragment_trees import LearnerFragments
+from runtime.diloco.learner_snapshot import LearnerSnapshots
 from runtime.diloco.messages import Delivery, Failure, Report, RoundPart
 from runtime.faults import injection
+from runtime.fragments import WHOLE
 from runtime.programs import TrainState, schedule_to
 from runtime.staging import Stager
 from runtime.wire.downlink import Downlink
@@ -36,8 +39,10 @@ FAILED = "failed"  # stopped for good by a program error that is no lost slice: 
 RECONFIGURING = "reconfiguring"  # a learner of several slices moving onto fewer or more of them (it keeps its state)
 
 
-class Learner:
+class Learner(LearnerSnapshots):
   """Owns one slice (or several); all device work is dispatched asynchronously and awaited only in `collect`."""
+
+  STATE_LOST = (DOWN, FAILED)  # statuses whose device state is gone (a checkpoint saves none)
 
   def __init__(self, index: int, slice_index: int, devices: list[jax.Device], run: RunConfig,
                stream: data_lib.ShardIterator | LeasedStream, tx: optax.GradientTransformation,
@@ -62,6 +67,8 @@ class Learner:
     self.round = 0  # counts receipts of Θ; a report and its answer carry it
     self.base_version = 0
     self.total_steps = 0  # inner steps ever trained: drives the inner schedule and step-scheduled crashes
+    self.total_tokens = 0
+    self.fragments = LearnerFragments(run.fragments)
     self.busy_seconds = 0.0
     self.last_loss = float("nan")
     self.reports_out = 0  # reports sent and not yet merged or quarantined
@@ -104,6 +111,7 @@ class Learner:
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
     """Starts from Θ with fresh inner optimizer state (initial start, rejoin, quarantine)."""
     params = tree_transfer.copy_to(theta_host, self.param_sharding)
+    self.fragments.bind(theta_host)
     if self.downlink:
       self.downlink.hold(theta_host, version)
     if self.uplink:
@@ -123,7 +131,7 @@ class Learner:
     """
     if self.injector is not None:
       self.injector.check_program(self.index, now)
-    main, overlap = self.run.inner_steps - self.run.overlap_steps, self.run.overlap_steps
+    main, overlap = self.run.round_steps - self.run.overlap_steps, self.run.overlap_steps
     ahead = overlap if kind == "main" and overlap else main
     if self.leased is not None:  # this part, the one staged after it, and what the prefetcher reads ahead
       self.leased.lease_through(self._data.position["position"] + steps + ahead + self.run.data.prefetch + 2)
@@ -155,6 +163,7 @@ class Learner:
     self.tokens += part.tokens
     self.steps += part.steps
     self.total_steps += part.steps
+    self.total_tokens += part.tokens
     self.busy_seconds += busy
     self._unreported_busy += busy * len(self.slices)  # slice time
     self.last_loss = float(loss_H.mean())
@@ -172,18 +181,28 @@ class Learner:
     self._corrupt_next = how
 
   def report(self, now: float, host_sharding: jax.sharding.Sharding) -> Report:
-    """θ_m and what it was trained on since Θ, copied explicitly onto the syncer's host device."""
+    """θ_m (its next fragment's tensors) and what it was trained on since Θ, copied onto the syncer's host device."""
     how, self._corrupt_next = self._corrupt_next, ""
-    payload = self.uplink.encode(self.state.params, how) if self.uplink else None  # quantized on the slice
-    params = None if payload else tree_transfer.copy_to(self.state.params, host_sharding)
+    fields = self.fragments.report(self.base_version, self.total_tokens, self.total_steps)
+    local = self.fragments.part(self.state.params, fields.get("fragment", 0))
+    payload = self.uplink.encode(local, how) if self.uplink else None  # quantized on the slice
+    params = None if payload else tree_transfer.copy_to(local, host_sharding)
     if self.run.overlap_steps and self.run.outer.receive == "carry":
-      self._at_report = tree_transfer.fresh_copy(self.state.params)  # the next round donates the state's buffers
+      self._at_report = tree_transfer.fresh_copy(local)  # the next round donates the state's buffers
     if how and not payload:
       params = injection.corrupt(params, how)
-    return Report(self.index, params, self.tokens, self.steps, self.base_version, self.last_loss, sent_at=now,
+    return Report(self.index, params, self.tokens, self.steps, loss=self.last_loss, sent_at=now, **fields,
                   data_start=self._round_start, data_end=self._data.position, busy_seconds=self._unreported_busy,
                   round=self.round, total_steps=self.total_steps, payload=payload,
                   base_mirror=self.downlink.key[0] if self.downlink else -1)
+
+  def live_versions(self) -> tuple[int, ...]:
+    """The Θ versions it works from: its base, or each fragment's."""
+    return (self.base_version,) if self.fragments.num == 1 else tuple(self.fragments.versions)
+
+  def owed_fragment(self) -> int:
+    """The fragment of its outstanding report, or of the report it trains toward."""
+    return self.fragments.owed(self.reports_out)
 
   def report_sent(self, report: Report) -> None:
     """The report is on its way: its data counts as reported until the syncer answers."""
@@ -212,9 +231,12 @@ class Learner:
     served again). A quarantined or lost report's data is served again from its start.
     """
     delivery, receive, self.inbox = self.inbox, self.run.outer.receive, None  # taken, adopted or not
+    if delivery.fragment != WHOLE:
+      return self._adopt_fragment(delivery, now)
     theta_host = self.downlink.receive(delivery) if self.downlink else delivery.params  # may raise CorruptPayload
     unreported = self.tokens - self._reported_tokens  # overlap steps after the report
     keep = bool(unreported) and receive != "overwrite" and delivery.rewind_to is None and not delivery.reset
+    keep = keep and self.fragments.num == 1  # (with fragments, Θ comes whole only to start afresh from it)
     written_off = 0
     if delivery.rewind_to is not None:
       self._data.restore(delivery.rewind_to)
@@ -236,8 +258,24 @@ class Learner:
     self._new_round(delivery.version, now, carried=keep)
     return written_off
 
-  def _new_round(self, version: int, now: float, carried: bool = False) -> None:
-    """Θ was adopted; carried overlap work (its tokens, steps, slice time and data) opens the new round."""
+  def _adopt_fragment(self, delivery: Delivery, now: float) -> int:
+    """Θ of one fragment replaces that fragment's tensors (overlap progress carried or mixed in per outer.receive);
+    the overlap steps' work stays in the others and opens the new round: none is written off."""
+    p, receive = delivery.fragment, self.run.outer.receive
+    theta = tree_transfer.copy_to(delivery.params, self.fragments.part(self.param_sharding, p))
+    local = self.fragments.part(self.state.params, p)
+    if receive == "carry" and self._at_report is not None:
+      theta = receive_lib.carry(theta, local, self._at_report)
+    elif receive == "mix":
+      theta = receive_lib.mix(theta, local, jnp.float32(self.run.outer.mix_alpha))
+    self.state = self.state.replace(params=self.fragments.put(self.state.params, theta, p))
+    self._new_round(delivery.version, now, carried=True, fragment=p)
+    return 0
+
+  def _new_round(self, version: int, now: float, carried: bool = False, fragment: int = WHOLE) -> None:
+    """Θ (of `fragment`) was adopted; carried overlap work (its tokens, steps, slice time and data) opens the new
+    round."""
+    self.fragments.received(fragment, version, self.total_tokens, self.total_steps)
     self.round += 1
     if carried:
       self.tokens -= self._reported_tokens
@@ -338,62 +376,3 @@ class Learner:
 
   def close(self) -> None:
     self._data.close()
-
-  # Checkpoints ------------------------------------------------------------------------------------
-
-  _SAVED = ("status", "tokens", "steps", "round", "base_version", "total_steps", "busy_seconds", "last_loss",
-            "reports_out", "_unreported_busy", "_reported_tokens", "_reported_steps", "_round_start",
-            "_reported_position", "_corrupt_next", "_finished_at", "_state_since", "_absent_seconds")
-
-  def snapshot(self, packer: snapshot_lib.Packer) -> dict:
-    """Everything that decides the learner's future; its device state is copied (the next round donates it)."""
-    group = f"learner{self.index}"
-    state = snapshot_lib.copied(self.state) if self.status not in (DOWN, FAILED) and self.state is not None else None
-    part = self.inflight
-    return dict(
-        {name: getattr(self, name) for name in self._SAVED}, slice_index=self.slice_index, slices=list(self.slices),
-        data=self._data.position, before=None if self._before_part is None else dict(
-            state=packer.tree(self._before_part[0], "train", f"{group}.before"), data=self._before_part[1]),
-        leases=None if self.leased is None else self.leased.snapshot(),
-        completions=self.completions, intervals=self.intervals, state=packer.tree(state, "train", group),
-        inbox=packer.value(self.inbox), at_report=packer.tree(self._at_report, "params", group),
-        inflight=None if part is None else dict(
-            kind=part.kind, steps=part.steps, tokens=part.tokens, started_at=part.started_at,
-            modeled_seconds=part.modeled_seconds, metrics=packer.tree(part.metrics, "dict", group),
-            failure=part.failure),
-        uplink=self.uplink.snapshot(packer, group) if self.uplink and state is not None else None,  # else reset with Θ
-        downlink=self.downlink.snapshot(packer, group) if self.downlink and state is not None else None)
-
-  def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker, theta_host: PyTree) -> None:
-    """The learner as `snapshot` saw it (the controller has moved it to its slice first)."""
-    for name in self._SAVED:
-      setattr(self, name, saved[name])
-    self.slices, self.slice_index = tuple(saved["slices"]), saved["slice_index"]
-    if self.leased is not None:
-      self.leased.restore_leases(saved["leases"])
-    self._data.restore(saved["data"])
-    self.completions = [tuple(c) for c in saved["completions"]]
-    self.intervals = [tuple(i) for i in saved["intervals"]]
-    self.inbox = unpacker.value(saved["inbox"])
-    group = f"learner{self.index}"
-    failure = unpacker.failed.get(group, "")  # its program failed before the snapshot could copy its state
-    self.state = self._at_report = self._before_part = None
-    kept, before = saved["state"] is not None and not failure, saved["before"]
-    like = self._init(tree_transfer.copy_to(theta_host, self.param_sharding), 0) if kept or before else None
-    if kept:
-      self.state = unpacker.tree(saved["state"], snapshot_lib.like(like), where=group)
-      self._at_report = unpacker.tree(saved["at_report"], snapshot_lib.like(like.params), where=group)
-      if self.uplink:
-        self.uplink.restore(saved.get("uplink"), unpacker, snapshot_lib.like(like.params), group)
-      if self.downlink:
-        self.downlink.restore(saved.get("downlink"), unpacker)
-    if before is not None:  # the state before the part in flight (kept by a learner that reconfigures)
-      self._before_part = (unpacker.tree(before["state"], snapshot_lib.like(like), f"{group}.before"), before["data"])
-    part = saved["inflight"]
-    if part is not None:
-      replicated = NamedSharding(self.mesh, P())
-      failure = part["failure"] or failure
-      metrics = None if failure else unpacker.tree(part["metrics"], lambda x, _: jax.device_put(x, replicated), group)
-      self.inflight = RoundPart(part["kind"], part["steps"], part["tokens"], part["started_at"],
-                                part["modeled_seconds"], self.state, metrics, failure=failure)
-

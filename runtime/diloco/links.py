@@ -2,21 +2,23 @@
 through the learner's region, see network/paths.py), and link faults (reports delayed until the link is back,
 or dropped)."""
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from runtime.config import RunConfig
+from runtime.fragments import WHOLE
 from runtime.network import paths as paths_lib
 
 
 class Links:
-  """Every learner's link to the syncer; a report up carries the full model or its compressed payload, Θ down the
-  full model or its compressed update."""
+  """Every learner's link to the syncer; a report up carries the full model (one fragment of it) or its compressed
+  payload, Θ down the full model (one fragment, or all of it) or its compressed update."""
 
-  def __init__(self, run: RunConfig, transfer_seconds: Callable[[int], float], param_bytes: int):
+  def __init__(self, run: RunConfig, transfer_seconds: Callable[[int], float], fragment_bytes: Sequence[int]):
     self.paths = paths_lib.Paths(run.links, transfer_seconds, run.clock.bandwidth_bytes_per_s,
                                  modeled=run.clock.kind == "virtual")
-    self.param_bytes = param_bytes
-    self.whole_down = run.compression.down == "none"  # Θ always goes down as the full model
+    self.fragment_bytes = tuple(fragment_bytes)  # bytes of each fragment's tensors (one fragment: the full model)
+    self.param_bytes = sum(self.fragment_bytes)
+    self.whole_down = run.compression.down == "none" and run.fragments == 1  # Θ always goes down as the full model
     self._last_down: dict[int, int] = {}  # learner -> bytes of the Θ last sent to it
     self.bytes_up = self.bytes_down = 0
     self.cross_up = self.cross_down = 0  # bytes of transfers that crossed regions
@@ -28,14 +30,16 @@ class Links:
     """The learner's link delays or drops reports until `until`."""
     self._faults[learner] = (until, mode)
 
-  def report_bytes(self, payload: Any = None) -> int:
-    """Bytes of a report: its compressed payload, or the full model."""
-    return self.param_bytes if payload is None else payload.nbytes
+  def report_bytes(self, payload: Any = None, fragment: int = WHOLE) -> int:
+    """Bytes of a report or of Θ: its compressed payload, or the fragment's tensors (WHOLE: the full model)."""
+    if payload is not None:
+      return payload.nbytes
+    return self.param_bytes if fragment == WHOLE else self.fragment_bytes[fragment]
 
-  def send_up(self, learner: int, now: float, payload: Any = None) -> float | None:
-    """Seconds until a report sent now (its compressed `payload`, or the full model) reaches the syncer, or None
-    when the link drops it."""
-    num_bytes = self.report_bytes(payload)
+  def send_up(self, learner: int, now: float, payload: Any = None, fragment: int = 0) -> float | None:
+    """Seconds until a report sent now (its compressed `payload`, or its fragment's tensors) reaches the syncer, or
+    None when the link drops it."""
+    num_bytes = self.report_bytes(payload, fragment)
     self.bytes_up += num_bytes
     self.cross_up += num_bytes if self.paths.crosses(learner) else 0
     self.reports_up += 1
@@ -47,10 +51,10 @@ class Links:
     self.transfers.append((learner, now, now + delay, num_bytes))
     return None if dropped else delay
 
-  def send_down(self, learner: int, now: float, payload: Any = None) -> float:
-    """Seconds for Θ sent now (its compressed update `payload`, or the full model) to reach the learner; its bytes
-    are charged."""
-    num_bytes = self.report_bytes(payload)
+  def send_down(self, learner: int, now: float, payload: Any = None, fragment: int = WHOLE) -> float:
+    """Seconds for Θ sent now (its compressed update `payload`, or the fragment's tensors, WHOLE: the full model) to
+    reach the learner; its bytes are charged."""
+    num_bytes = self.report_bytes(payload, fragment)
     delay = self.paths.seconds(learner, now, num_bytes, "down")
     self.bytes_down += num_bytes
     self._last_down[learner] = num_bytes

@@ -4,6 +4,7 @@ the parts of a round it dispatched, and what a failure cost it."""
 import dataclasses
 from typing import Any
 
+from runtime.fragments import WHOLE
 from runtime.programs import TrainState
 
 PyTree = Any
@@ -27,6 +28,15 @@ class Report:
   total_steps: int = 0  # the learner's inner steps ever trained at the report: where its inner schedule stands
   payload: Any = None  # compression.up != "none": Δ_m = Θ_base − θ_m compressed (a wire.payload.Payload)
   base_mirror: int = -1  # compression.down != "none": the syncer's mirror Θ̃_m it started from (-1: Θ_base whole)
+  # fragments > 1: the fragment whose tensors `params` holds (base_version is that fragment's), and the tokens and
+  # steps that fragment trained on since the learner last received it (-1: tokens and steps, as with one fragment)
+  fragment: int = 0
+  fragment_tokens: int = -1
+  fragment_steps: int = -1
+
+  def trained(self) -> tuple[int, int]:
+    """Tokens and inner steps behind its outer gradient (its merge weight): since its fragment was received."""
+    return (self.tokens, self.steps) if self.fragment_tokens < 0 else (self.fragment_tokens, self.fragment_steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +51,7 @@ class Delivery:
   payload: Any = None  # compression.down != "none": Θ − Θ̃ compressed (params is None), see wire/downlink.py
   base: tuple[int, int] = (-1, 0)  # ... the (mirror, version) of the Θ̃ it updates,
   mirror: int = -1  # ... and the number of the mirror it makes
+  fragment: int = WHOLE  # fragments > 1: the fragment whose tensors `params` holds (WHOLE: all of Θ)
 
 
 @dataclasses.dataclass(frozen=True)

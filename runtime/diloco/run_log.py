@@ -69,13 +69,15 @@ class RunLog:
         busy=[l.busy_fraction(now) for l in learners], bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down,
         grace=grace, quorum=quorum, goodput=goodput,
         alive=sum(l.status not in (DOWN, FAILED, ABSENT) for l in learners))
+    if self.run.fragments > 1:  # (recorded runs, of one fragment, keep their records)
+      record.update(fragment=result.fragment)
     if links_config.active(self.run.links):  # off by default: recorded runs keep their records
       record.update(self._link_fields(reports))
     self.merges.append(self.logger.log("merge", record))
 
   def _link_fields(self, reports: Sequence[Report]) -> dict:
     """Bytes of this merge's reports up and of Θ down to each, whether each crossed regions, and the totals."""
-    return dict(up_bytes=[self.links.report_bytes(r.payload) for r in reports],
+    return dict(up_bytes=[self.links.report_bytes(r.payload, r.fragment) for r in reports],
                 down_bytes=self.links.down_bytes([r.learner for r in reports]),
                 crossed=[self.links.paths.crosses(r.learner) for r in reports],
                 cross_bytes_up=self.links.cross_up, cross_bytes_down=self.links.cross_down)

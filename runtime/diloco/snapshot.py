@@ -43,7 +43,8 @@ class Packer:
       leaves = [tree[name] for name in names]
     else:
       leaves, treedef = jax.tree.flatten(tree)
-      if treedef != self._treedefs[kind]:
+      kind = next((k for k in self._treedefs if k.partition("/")[0] == kind and self._treedefs[k] == treedef), kind)
+      if treedef != self._treedefs[kind]:  # (a fragment of kind "params" is of kind "params/<p>")
         raise ValueError(f"snapshot: a '{kind}' tree has structure {treedef}, expected {self._treedefs[kind]}")
     keys = []
     for leaf in leaves:

@@ -3,6 +3,14 @@
 Reports wait in the syncer until the quorum has reported (and, optionally, a grace window longer);
 then they are screened (non-finite or absurd deltas are quarantined, never merged), weighted by
 tokens, merged per tensor (RDA or mean), and applied as one outer step.
+
+With P > 1 fragments (runtime/fragments.py) every report carries one fragment, and each fragment is merged on its
+own: its waiting reports reach its own quorum (K, capped at the learners able to report whose next or outstanding
+report is that fragment, so learners out of phase never deadlock it), its grace window is cut by its own reports'
+deadlines, and its outer step updates only its tensors of Θ with its own outer-optimizer state (momentum per
+fragment), from its own delta-norm average. Merges still run one at a time; one version counter numbers every
+committed merge of any fragment, and the history keeps Θ whole by version: a report's reference is its
+fragment's tensors of the Θ it started that fragment from (outer_grad_base "base"), or of the current Θ.
 """
 
 import dataclasses
@@ -17,6 +25,7 @@ import optax
 
 from runtime.config import OuterConfig
 from runtime.diloco import merge as merge_lib
+from runtime.diloco.fragment_trees import FragmentTrees
 from runtime.diloco import snapshot as snapshot_lib
 from runtime.diloco.messages import Delivery, Report
 from runtime.wire.codecs import Codec
@@ -39,8 +48,9 @@ class MergeResult:
   delta_norms: tuple[float, ...]  # and the norm of its outer gradient
   quarantined: tuple[tuple[int, str], ...]  # (learner, why) of every report kept out of Θ
   update_norm: float  # norm of the outer step applied to Θ
-  tokens: int  # tokens and inner steps the merged reports trained on
+  tokens: int  # tokens and inner steps of the merged reports' rounds
   steps: int
+  fragment: int = 0  # the fragment it merged (0 of 1 without fragments)
 
 
 class Ema:
@@ -93,7 +103,7 @@ class Syncer:
   reports waiting to be merged, and the moving averages behind the grace window."""
 
   def __init__(self, cfg: OuterConfig, params: PyTree, num_learners: int, overlap_steps: int = 0,
-               codec: Codec | None = None, mirrors: Mirrors | None = None):
+               codec: Codec | None = None, mirrors: Mirrors | None = None, fragments: int = 1):
     self.cfg = cfg
     self.codec = codec  # decodes compressed reports (compression.up != "none")
     self.mirrors = mirrors  # what each learner holds, and Θ's updates to it (compression.down != "none")
@@ -102,12 +112,15 @@ class Syncer:
     self.version = 0
     self.params = params
     self._sharding = jax.tree.leaves(params)[0].sharding  # the host CPU device, where all syncer work runs
+    self.trees = FragmentTrees(params, fragments)
     # Explicit: momentum buffers depend on no input value, so jit would otherwise put them on the default device.
-    self.opt_state = jax.jit(self.tx.init, out_shardings=self._sharding)(params)
+    init = jax.jit(self.tx.init, out_shardings=self._sharding)
+    self.opt_state = init(params) if fragments == 1 else tuple(init(self.trees.part(params, p))
+                                                               for p in range(fragments))
     self._overlap_steps = overlap_steps
     self._history: dict[int, PyTree] = {0: params}
     self._sent: dict[int, int] = {}  # learner -> the Θ version last sent to it (kept while it may be on its way)
-    self._accepted_norm_ema: float | None = None
+    self._accepted_norm_ema: list[float | None] = [None] * fragments  # per fragment
     self._pending: list[Report] = []
     self._failed_merges = 0  # merges in a row that committed nothing, and their reasons
     self._failed: list[str] = []
@@ -119,7 +132,7 @@ class Syncer:
     # The deltas (argument 2) are temporaries of this merge.
     self._step = jax.jit(functools.partial(outer_step, tx=self.tx, method=cfg.merge, mean_for=mean_for),
                          donate_argnums=2)
-    self._programs: dict[int, Any] = {}  # number of reports (a merge size) -> the compiled outer step
+    self._programs: dict[tuple[int, int], Any] = {}  # (fragment, merge size) -> the compiled outer step
 
   # Reports and the quorum ------------------------------------------------------------------------
 
@@ -135,12 +148,26 @@ class Syncer:
     """The quorum K, never more than the `able` learners that can still report."""
     return max(1, min(self.cfg.quorum, able))
 
-  def quorum_reached(self, able: int) -> bool:
-    return bool(self._pending) and len(self._pending) >= self.quorum(able)
+  def ready(self, able: Sequence[int]) -> int | None:
+    """The fragment whose waiting reports reach its quorum (`able[p]`: learners that can report fragment p next),
+    the one waiting longest first; None if none does."""
+    for p in self._waiting():
+      if sum(r.fragment == p for r in self._pending) >= self.quorum(able[p]):
+        return p
+    return None
 
-  def take_pending(self) -> list[Report]:
-    """The reports of the merge that starts now."""
-    reports, self._pending = self._pending, []
+  def _waiting(self) -> list[int]:
+    """The fragments with waiting reports, the one whose first report was sent earliest first."""
+    first: dict[int, float] = {}
+    for r in self._pending:
+      first[r.fragment] = min(first.get(r.fragment, r.sent_at), r.sent_at)
+    return sorted(first, key=lambda p: (first[p], p))
+
+  def take_pending(self, fragment: int | None = None) -> list[Report]:
+    """The reports of the merge that starts now: `fragment`'s (default: the one waiting longest)."""
+    fragment = self._waiting()[0] if fragment is None else fragment
+    reports = [r for r in self._pending if r.fragment == fragment]
+    self._pending = [r for r in self._pending if r.fragment != fragment]
     return reports
 
   # The grace window -------------------------------------------------------------------------------
@@ -148,9 +175,9 @@ class Syncer:
   def observe_round(self, seconds_per_step: float) -> None:
     self.xi_step.update(seconds_per_step)
 
-  def observe_quorum(self, now: float) -> None:
-    """Quorum is reached now: time since the first waiting report was sent."""
-    self.xi_quorum.update(now - min(r.sent_at for r in self._pending))
+  def observe_quorum(self, now: float, fragment: int = 0) -> None:
+    """The fragment's quorum is reached now: time since its first waiting report was sent."""
+    self.xi_quorum.update(now - min(r.sent_at for r in self._pending if r.fragment == fragment))
 
   def observe_sync(self, seconds: float) -> None:
     """One sync took `seconds`: report up, merge, Θ down."""
@@ -175,8 +202,9 @@ class Syncer:
   # The outer step ---------------------------------------------------------------------------------
 
   def reference(self, report: Report) -> PyTree:
-    """The Θ that a report's outer gradient is measured against."""
-    return self.params if self.cfg.outer_grad_base == "current" else self.base(report)
+    """The Θ that a report's outer gradient is measured against (its fragment's tensors)."""
+    return self.trees.part(self.params if self.cfg.outer_grad_base == "current" else self.base(report),
+                           report.fragment)
 
   def base(self, report: Report) -> PyTree | None:
     """The Θ the report's learner started from: Θ_base whole, or its mirror Θ̃_m; None once it is gone."""
@@ -187,44 +215,48 @@ class Syncer:
   def compute(self, reports: Sequence[Report], members: int | None = None) -> MergeResult:
     """Screens and merges `reports` into a new Θ; pure with respect to the syncer (see commit).
 
-    `members`: the learners present when the merge began (default: all there can be)."""
+    `members`: the learners present when the merge began (default: all there can be). The reports are all of one
+    fragment, whose tensors alone the step moves."""
+    p = reports[0].fragment
+    theta, outer = self.trees.part(self.params, p), self._outer_state(p)
     opened = [self._open(r) for r in reports]
     deltas, norms = zip(*(self._delta(self.reference(r), p) if not why else (None, np.float32(np.nan))
                           for r, (p, why) in zip(reports, opened)))
     norms = np.asarray(jax.device_get(norms), np.float64)
     keep, quarantined = [], []
     for i, (report, norm) in enumerate(zip(reports, norms)):
-      reason = opened[i][1] or self._screen(norm)
+      reason = opened[i][1] or self._screen(norm, p)
       if reason:
         quarantined.append((report.learner, reason))
       else:
         keep.append(i)
     rejected = MergeResult(version=self.version, params=self.params, opt_state=self.opt_state, merged=(),
                            weights=(), staleness=(), delta_norms=(), quarantined=tuple(quarantined),
-                           update_norm=0.0, tokens=0, steps=0)
+                           update_norm=0.0, tokens=0, steps=0, fragment=p)
     if not keep:
       return rejected
     kept = [reports[i] for i in keep]
     if self.cfg.token_weighting:
-      weights = merge_lib.token_weight([r.tokens for r in kept], [r.steps for r in kept])
+      weights = merge_lib.token_weight(*zip(*(r.trained() for r in kept)))
     else:
       weights = np.ones(len(kept), np.float32)
     # A merge of n of M learners is n/M of a synchronous outer step (outer.scale == "fraction").
     scale = np.float32(len(kept) / (members or self.num_learners) if self.cfg.scale == "fraction" else 1.0)
     # Padded with zero deltas of weight 0 up to a compiled size, so no merge waits for a compilation.
     size = next(n for n in merge_sizes(self.num_learners) if n >= len(kept))
-    pads = [self._delta(self.params, self.params)[0] for _ in range(size - len(kept))]
+    pads = [self._delta(theta, theta)[0] for _ in range(size - len(kept))]
     weights = np.concatenate([weights, np.zeros(size - len(kept), np.float32)])
     # Every operand is placed explicitly where Θ lives (the host CPU), never on the default device.
-    params, opt_state, update_norm = self._program(size)(
-        self.params, self.opt_state, [deltas[i] for i in keep] + pads, *jax.device_put((weights, scale),
-                                                                                        self._sharding))
+    theta, outer, update_norm = self._program(size, p)(
+        theta, outer, [deltas[i] for i in keep] + pads, *jax.device_put((weights, scale), self._sharding))
     update_norm, delta_norm = float(update_norm), float(np.mean(norms[keep]))
-    reason = self._screen_step(update_norm, delta_norm)
+    reason = self._screen_step(update_norm, delta_norm, p)
     if reason:  # Θ would diverge: nothing is committed, and the reports' data is trained again
       return dataclasses.replace(rejected, quarantined=(*rejected.quarantined, *((r.learner, reason) for r in kept)))
     return MergeResult(
-        version=self.version + 1, params=params, opt_state=opt_state, merged=tuple(r.learner for r in kept),
+        version=self.version + 1, params=self.trees.put(self.params, theta, p),
+        opt_state=outer if self.trees.num == 1 else (*self.opt_state[:p], outer, *self.opt_state[p + 1:]),
+        merged=tuple(r.learner for r in kept), fragment=p,
         quarantined=tuple(quarantined), weights=tuple(float(w) for w in weights[:len(kept)]),
         staleness=tuple(self.version - r.base_version for r in kept),
         delta_norms=tuple(float(norms[i]) for i in keep), update_norm=update_norm,
@@ -244,21 +276,28 @@ class Syncer:
     return self._rebuild(base, jax.device_put(delta, self._sharding)), ""
 
   def compile_merges(self) -> None:
-    """Compiles the outer step for every merge size ahead of the first merge (run it off the critical path)."""
-    self._delta(self.params, self.params)  # the per-report program too
-    for size in merge_sizes(self.num_learners):
-      self._program(size)
+    """Compiles the outer step for every fragment and merge size ahead of the first merge (off the critical path)."""
+    for p in range(self.trees.num):
+      theta = self.trees.part(self.params, p)
+      self._delta(theta, theta)  # the per-report program too
+      for size in merge_sizes(self.num_learners):
+        self._program(size, p)
 
-  def _program(self, size: int) -> Any:
-    """The outer step compiled for `size` reports (ahead of time, once per size)."""
-    if size not in self._programs:
+  def _outer_state(self, p: int) -> PyTree:
+    """Fragment p's outer-optimizer state."""
+    return self.opt_state if self.trees.num == 1 else self.opt_state[p]
+
+  def _program(self, size: int, p: int) -> Any:
+    """The outer step compiled for `size` reports of fragment p (ahead of time, once per size and fragment)."""
+    if (p, size) not in self._programs:
       like = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
       scalar = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=self._sharding)
       with warnings.catch_warnings():  # Θ and the momentum can reuse two of the donated deltas, not all
         warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-        self._programs[size] = self._step.lower(like(self.params), like(self.opt_state),
-                                                [like(self.params)] * size, scalar((size,)), scalar(())).compile()
-    return self._programs[size]
+        theta = self.trees.part(self.params, p)
+        self._programs[p, size] = self._step.lower(like(theta), like(self._outer_state(p)), [like(theta)] * size,
+                                                   scalar((size,)), scalar(())).compile()
+    return self._programs[p, size]
 
   def commit(self, result: MergeResult, live_versions: Sequence[int]) -> None:
     """Adopts a computed merge; keeps only the Θ versions some learner still works from."""
@@ -266,9 +305,8 @@ class Syncer:
     self._failed_merges = 0 if result.merged else self._failed_merges + 1
     if result.merged:
       self.params, self.opt_state, self.version = result.params, result.opt_state, result.version
-      mean_norm = float(np.mean(result.delta_norms))
-      ema = self._accepted_norm_ema
-      self._accepted_norm_ema = mean_norm if not ema else 0.9 * ema + 0.1 * mean_norm
+      mean_norm, ema = float(np.mean(result.delta_norms)), self._accepted_norm_ema[result.fragment]
+      self._accepted_norm_ema[result.fragment] = mean_norm if not ema else 0.9 * ema + 0.1 * mean_norm
     self._history[self.version] = self.params
     keep = set(live_versions) | set(self._sent.values()) | {self.version}
     self._history = {v: p for v, p in self._history.items() if v in keep}
@@ -278,6 +316,9 @@ class Syncer:
     afresh from Θ and trains that report's data again) or "lost" on its link (it trains it again)."""
     rewind_to = None if verdict == "merged" else report.data_start
     self._sent[report.learner] = self.version  # its next report may be measured from it, adopted after a slow trip
+    if self.trees.num > 1 and verdict == "merged":  # only the fragment's new tensors go down
+      return Delivery(self.version, self.trees.part(self.params, report.fragment), report.round,
+                      fragment=report.fragment)
     base = self.base(report) if self.mirrors and verdict != "quarantined" else None  # a reset gets Θ whole
     if base is None:
       return Delivery(self.version, self.params, report.round, reset=verdict == "quarantined", rewind_to=rewind_to)
@@ -305,9 +346,9 @@ class Syncer:
     return (f"training diverged: {n} merges in a row committed nothing to Θ (last reason: {self._failed[-1]}). "
             f"Likely cause: {likely}. Θ was left at version {self.version}.")
 
-  def _screen_step(self, update_norm: float, delta_norm: float) -> str:
-    """Why an outer step of this norm must not be committed, or '' if it may."""
-    limit = self.cfg.max_update_ratio * max(delta_norm, self._accepted_norm_ema or 0.0)
+  def _screen_step(self, update_norm: float, delta_norm: float, p: int) -> str:
+    """Why an outer step of fragment p of this norm must not be committed, or '' if it may."""
+    limit = self.cfg.max_update_ratio * max(delta_norm, self._accepted_norm_ema[p] or 0.0)
     if not np.isfinite(update_norm) or update_norm > limit:
       return (f"outer step rejected: its norm {update_norm:.3g} > outer.max_update_ratio "
               f"{self.cfg.max_update_ratio:g} × the merged deltas' norm {delta_norm:.3g}")
@@ -322,7 +363,8 @@ class Syncer:
     return dict(version=self.version, params=packer.tree(self.params, "params"),
                 opt_state=packer.tree(self.opt_state, "outer"),
                 history=[[v, packer.tree(p, "params")] for v, p in self._history.items()],
-                accepted_norm_ema=self._accepted_norm_ema, pending=[packer.value(r) for r in self._pending],
+                accepted_norm_ema=self._accepted_norm_ema[0] if self.trees.num == 1 else self._accepted_norm_ema,
+                pending=[packer.value(r) for r in self._pending],
                 failed_merges=self._failed_merges, failed=list(self._failed), sent=sorted(self._sent.items()),
                 emas=[e.snapshot() for e in (self.xi_step, self.xi_quorum, self.xi_sync)],
                 mirrors=self.mirrors.snapshot(packer) if self.mirrors else None)
@@ -331,7 +373,8 @@ class Syncer:
     self.version = saved["version"]
     self.params, self.opt_state = unpacker.tree(saved["params"]), unpacker.tree(saved["opt_state"])
     self._history = {v: unpacker.tree(p) for v, p in saved["history"]}
-    self._accepted_norm_ema = saved["accepted_norm_ema"]
+    ema = saved["accepted_norm_ema"]
+    self._accepted_norm_ema = list(ema) if isinstance(ema, list) else [ema]
     self._pending = [unpacker.value(r) for r in saved["pending"]]
     self._failed_merges, self._failed = saved["failed_merges"], list(saved["failed"])
     self._sent = dict(saved.get("sent", []))  # (checkpoints from before it was kept)
@@ -340,13 +383,13 @@ class Syncer:
     if self.mirrors:
       self.mirrors.restore(saved.get("mirrors"), unpacker)
 
-  def _screen(self, norm: float) -> str:
-    """Why a delta of this norm must not be merged, or '' if it may."""
+  def _screen(self, norm: float, p: int) -> str:
+    """Why a delta of fragment p of this norm must not be merged, or '' if it may."""
     if not np.isfinite(norm):
       return "non-finite"
     if norm > self.cfg.max_delta_norm:
       return f"norm {norm:.3g} > max_delta_norm {self.cfg.max_delta_norm:.3g}"
-    ema = self._accepted_norm_ema
+    ema = self._accepted_norm_ema[p]
     if ema and norm > self.cfg.quarantine_factor * ema:  # relative only once a typical norm is known
       return f"norm {norm:.3g} > {self.cfg.quarantine_factor:g} × recent norm {ema:.3g}"
     return ""
