@@ -101,7 +101,7 @@ def _fragment_of_leaf(params, num):
   return [next(p for p, g in enumerate(groups) if i in g) for i in range(len(jax.tree.leaves(params)))]
 
 
-@pytest.mark.parametrize("num,overlap", [(2, 1), (4, 0)])
+@pytest.mark.parametrize("num,overlap", [pytest.param(2, 1, marks=pytest.mark.slow), (4, 0)])  # CI time
 def test_each_merge_moves_only_its_fragments_tensors_and_learners_report_the_fragments_in_turn(
     tiny_config, commits, num, overlap):
   tiny_config.inner_steps, tiny_config.fragments, tiny_config.overlap_steps = 8, num, overlap
@@ -178,13 +178,15 @@ def test_peak_bytes_in_flight_per_learner_is_about_one_fragment_and_bytes_are_th
   assert {nbytes(r.params) for r in sent_up} == set(FragmentTrees(result.params, 4).nbytes)
 
 
+@pytest.mark.slow  # CI time (~15 s); the bit-identity guard's recorded runs cover P = 1 in the default suite
 def test_one_fragment_is_the_unfragmented_runtime(tiny_config):
   unset = _run(tiny_config.copy_and_resolve_references())
   tiny_config.fragments = 1
   one = _run(tiny_config)
   for a, b in zip(jax.tree.leaves(unset.params), jax.tree.leaves(one.params)):
     np.testing.assert_array_equal(a, b)
-  merges = lambda result: [{k: v for k, v in r.items() if k != "wall_time"} for r in result.records if r["kind"] == "merge"]
+  merges = lambda result: [{k: v for k, v in r.items() if k != "wall_time"} for r in result.records
+                           if r["kind"] == "merge"]
   assert merges(unset) == merges(one)
   assert "fragment" not in one.records[-1]
   tree = {"w": np.zeros(3)}
@@ -204,11 +206,11 @@ def test_learners_out_of_phase_merge_their_fragments_without_waiting_for_each_ot
   assert result.tokens == budget
 
 
-@pytest.mark.parametrize("mode,schedule", [
+@pytest.mark.parametrize("mode,schedule", [  # one in the default suite, for CI time (~15 s each)
     ("decoupled", "crash:learner=1,time=3,repair=2"),
-    ("diloco_sync", "crash:learner=1,time=3,repair=2"),
-    ("decoupled", "corrupt:learner=0,time=2,how=nan"),
-    ("decoupled", "link:learner=1,time=3,duration=4,mode=drop"),
+    pytest.param("diloco_sync", "crash:learner=1,time=3,repair=2", marks=pytest.mark.slow),
+    pytest.param("decoupled", "corrupt:learner=0,time=2,how=nan", marks=pytest.mark.slow),
+    pytest.param("decoupled", "link:learner=1,time=3,duration=4,mode=drop", marks=pytest.mark.slow),
 ])
 def test_faults_with_fragments_lose_no_token_and_merge_none_twice(tiny_config, mode, schedule):
   tiny_config.mode, tiny_config.inner_steps, tiny_config.fragments = mode, 8, 2
@@ -243,8 +245,8 @@ def test_unsupported_fragment_settings_are_config_errors_naming_the_field(tiny_c
   assert error.value.field == field
 
 
-@pytest.mark.parametrize("schedule,kills,steps", [("", (4,), 12), pytest.param(FAULTS, (5, 11), 24,
-                                                                               marks=pytest.mark.slow)])
+@pytest.mark.slow  # CI time (~30 s without faults, ~10 minutes with them on the loaded 2-core host)
+@pytest.mark.parametrize("schedule,kills,steps", [("", (4,), 12), (FAULTS, (5, 11), 24)])
 def test_a_run_with_fragments_killed_and_resumed_ends_bit_identical(tiny_config, tmp_path, monkeypatch, schedule,
                                                                      kills, steps):
   """Reports of one fragment in transit and waiting, fragment Θ on its way, per-fragment bases and momentum (with
