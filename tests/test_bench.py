@@ -50,6 +50,7 @@ def test_startup_bench_config_names_the_bad_field():
     startup.StartupBenchConfig(devices_per_slice=0)
 
 
+@pytest.mark.slow  # CI time (~23 s on the 2-core host); `pytest -m slow` runs it
 def test_startup_bench_warm_cache_compiles_nothing_and_ends_in_the_same_theta(tiny_config, capsys):
   tiny_config.model.d_model, tiny_config.model.mlp_dim, tiny_config.model.num_layers = 32, 64, 1
   tiny_config.inner_steps = 2

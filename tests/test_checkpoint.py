@@ -125,6 +125,7 @@ def _reference(args: list[str], tmp_path: pathlib.Path) -> list[dict]:
   return _records(tmp_path / "reference")
 
 
+@pytest.mark.slow  # CI time (~50 s on the 2-core host); `pytest -m slow` runs it
 def test_a_killed_data_parallel_run_resumes_and_ends_bit_identical_to_an_unkilled_one(tmp_path):
   args = [*DP, "--config.total_steps=120", "--config.eval_every=20"]  # long enough to be killed mid-run
   reference = _reference(args, tmp_path)
@@ -150,6 +151,7 @@ def test_twenty_random_kills_across_seeds_never_lose_or_repeat_a_step(tmp_path):
   assert kills >= 20
 
 
+@pytest.mark.slow  # CI time (~15 s on the 2-core host); `pytest -m slow` runs it
 def test_a_different_config_in_the_workdir_is_refused_naming_the_fields(tmp_path):
   first = launch("train", *DP, f"--workdir={tmp_path}", cwd=tmp_path)
   assert first.returncode == 0, first.stderr[-2000:]

@@ -37,6 +37,16 @@ def _faults(result, kind):
   return [f for f in result.details["faults"] if f["fault"] == kind]
 
 
+def _assert_every_theta_sent_down_was_charged(result, pulls):
+  """Each report's answer, and each Θ pulled whole (a rejoin, the pull after a lost report), crossed the links.
+
+  Regression: a rejoining learner's Θ and the Θ pulled after a lost report were never charged."""
+  answered = sum(len(r["merged"]) + len(r["quarantined"]) for r in result.records if r["kind"] == "merge")
+  assert len(_faults(result, "rejoin")) + len(_faults(result, "link_drop")) == pulls
+  param_bytes = sum(x.nbytes for x in jax.tree.leaves(result.params))
+  assert result.extras["bytes_down"] == (answered + pulls) * param_bytes
+
+
 @pytest.fixture
 def four_learners(tiny_config):
   tiny_config.total_steps = 24
@@ -53,6 +63,7 @@ def test_crash_inside_the_device_program_is_survived_and_the_learner_rejoins(fou
   merged_after = [r for r in result.records if r["kind"] == "merge" and r["time"] > 11.0 and 1 in r["merged"]]
   assert merged_after, "the rejoined learner never contributed again"
   _assert_no_token_skipped_or_repeated(result, budget)
+  _assert_every_theta_sent_down_was_charged(result, pulls=1)
   assert np.isfinite(result.final_eval_loss)
 
 
@@ -204,8 +215,10 @@ def test_link_loss_delays_or_loses_reports_without_losing_tokens(four_learners, 
   first_from_3 = min(r["time"] for r in merges if 3 in r["merged"])
   assert first_from_3 >= 9.0 if mode == "delay" else first_from_3 >= 12.0
   _assert_no_token_skipped_or_repeated(result, budget)
+  _assert_every_theta_sent_down_was_charged(result, pulls=len(_faults(result, "link_drop")))
 
 
+@pytest.mark.slow  # CI time (~20 s on the 2-core host); `pytest -m slow` runs it
 def test_with_every_learner_down_the_run_waits_and_resumes(four_learners):
   budget = modes.prepare(four_learners).token_budget
   schedule = ";".join(f"crash:learner={m},time=5,repair=10" for m in range(4))
@@ -247,13 +260,3 @@ def test_a_learner_whose_overlap_part_fails_at_dispatch_stays_down_until_it_rejo
   assert down == [(crash["time"], rejoin["time"])]  # down the whole repair, never waiting or training
   _assert_no_token_skipped_or_repeated(result, modes.prepare(four_learners).token_budget)
 
-
-def test_every_theta_sent_down_is_charged_rejoins_and_lost_reports_pulls_included(four_learners):
-  """Regression: a rejoining learner's Θ and the Θ a learner pulls after its report was lost crossed no link."""
-  result = _faulty(four_learners, "link:learner=3,time=3,duration=6,mode=drop;crash:learner=1,time=6",
-                   repair_seconds=5.0, report_timeout_seconds=4.0)
-  answered = sum(len(r["merged"]) + len(r["quarantined"]) for r in result.records if r["kind"] == "merge")
-  pulls = len(_faults(result, "rejoin")) + len(_faults(result, "link_drop"))
-  assert pulls == 2
-  param_bytes = sum(x.nbytes for x in jax.tree.leaves(result.params))
-  assert result.extras["bytes_down"] == (answered + pulls) * param_bytes

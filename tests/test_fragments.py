@@ -120,6 +120,7 @@ def test_each_merge_moves_only_its_fragments_tensors_and_learners_report_the_fra
   assert evals[-1] < evals[0] and evals[-1] < np.log(256) - 0.5  # below a uniform guess over bytes
 
 
+@pytest.mark.slow  # CI time (~14 s on the 2-core host); `pytest -m slow` runs it
 def test_a_merge_of_one_fragment_leaves_the_other_fragments_momentum_alone(commits, tiny_config):
   tiny_config.inner_steps, tiny_config.fragments = 8, 2
   _run(tiny_config)
@@ -159,6 +160,7 @@ def test_each_fragments_quorum_counts_only_the_learners_that_owe_it():
   assert [r.learner for r in syncer.pending] == [0]
 
 
+@pytest.mark.slow  # CI time (~50 s on the 2-core host); `pytest -m slow` runs it
 def test_peak_bytes_in_flight_per_learner_is_about_one_fragment_and_bytes_are_the_fragments_sent(
     tiny_config, monkeypatch):
   tiny_config.model.num_layers = 4  # no tensor above a quarter of the model
@@ -193,6 +195,7 @@ def test_one_fragment_is_the_unfragmented_runtime(tiny_config):
   assert FragmentTrees(tree, 1).part(tree, 0) is tree
 
 
+@pytest.mark.slow  # CI time (~35 s on the 2-core host); `pytest -m slow` runs it
 def test_learners_out_of_phase_merge_their_fragments_without_waiting_for_each_other(tiny_config):
   tiny_config.inner_steps, tiny_config.fragments, tiny_config.overlap_steps = 8, 2, 1
   tiny_config.outer.quorum = 2

@@ -83,6 +83,7 @@ def test_losing_one_slice_it_trains_on_with_the_other_and_grows_back_when_the_sl
   _assert_trained_everything(result)
 
 
+@pytest.mark.slow  # CI time (~21 s on the 2-core host); `pytest -m slow` runs it
 def test_a_compressed_learner_takes_its_theta_and_residual_along_when_it_shrinks_and_grows(two_slice_learners):
   """Regression: the uplink's Θ and error-feedback residual stayed on the old slice set (a JAX device error)."""
   two_slice_learners.compression.up, two_slice_learners.compression.down = "topk", "int4"

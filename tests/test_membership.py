@@ -29,6 +29,7 @@ def elastic(tiny_config):
   return tiny_config
 
 
+@pytest.mark.slow  # CI time (~32 s on the 2-core host); `pytest -m slow` runs it
 def test_lent_learners_join_from_theta_train_and_leave_and_no_window_is_lost_or_merged_twice(elastic):
   result = modes.train(elastic, None)[0]
   faults = [(f["fault"], f["learner"]) for f in result.details["faults"]]
@@ -59,7 +60,7 @@ def test_lent_capacity_reaches_the_budget_sooner_at_equal_tokens(elastic):
 
 
 @pytest.mark.parametrize("faults, kills", [
-    ("", (6,)),  # fault-free (its programs are in the persistent compilation cache): in the default suite
+    pytest.param("", (6,), marks=pytest.mark.slow),  # fault-free: ~47 s on the 2-core host (CI time)
     pytest.param(None, (5, 11), marks=pytest.mark.slow),  # with the fixture's faults; killed twice
 ])
 def test_a_run_killed_while_learners_are_lent_resumes_bit_identical(elastic, tmp_path, monkeypatch, faults, kills):
