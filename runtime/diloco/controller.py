@@ -271,8 +271,7 @@ class Controller(Merging, Recovery, Membership, Reconfiguration, Durability):
     for learner in self.learners:
       if tokens and learner.status == DONE:  # finished learners take the returned budget, from the current Θ
         learner.set_status(WAITING, self.clock.now())
-        delay = self.links.send_down(learner.index, self.clock.now())  # pulled whole
-        self.clock.after(delay, Event("params_arrived", learner.index, self.syncer.latest(learner.round)))
+        self._send_theta(learner.index, self.syncer.latest(learner.round))  # pulled whole
 
   # The syncer ----------------------------------------------------------------------------------------
 

@@ -170,11 +170,13 @@ class Recovery:
     now = self.clock.now()
     self.log.fault("theta_resent", learner.index, now, str(error))
     learner.set_status(WAITING, now)
-    delay = self.links.send_down(learner.index, now)  # charged the full model's bytes
-    self.clock.after(delay, Event("params_arrived", learner.index, self.syncer.resend(delivery)))
+    self._send_theta(learner.index, self.syncer.resend(delivery))  # charged the full model's bytes
+
+  def _send_theta(self, learner: int, delivery: Delivery) -> None:
+    """Θ sent to one learner outside a merge: charged on its path, delivered when it arrives."""
+    delay = self.links.send_down(learner, self.clock.now(), delivery.payload, delivery.fragment)
+    self.clock.after(delay, Event("params_arrived", learner, delivery))
 
   def _on_report_timeout(self, event: Event) -> None:
     """A learner whose report was lost pulls the current Θ (charged on its path) and trains that data again."""
-    answer = self.syncer.answer(event.payload, "lost")
-    delay = self.links.send_down(event.learner, self.clock.now(), answer.payload)
-    self.clock.after(delay, Event("params_arrived", event.learner, answer))
+    self._send_theta(event.learner, self.syncer.answer(event.payload, "lost"))
