@@ -10,7 +10,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "workdirs/chaos", "Where metrics, plot
 
 def main(argv: list[str]) -> None:
   del argv
-  cli.launch("runtime.modes:chaos", _CONFIG.value, _WORKDIR.value, varied=cli.varied(cli.overrides()))
+  cli.launch("runtime.experiments.modes:chaos", _CONFIG.value, _WORKDIR.value, varied=cli.varied(cli.overrides()))
 
 
 if __name__ == "__main__":

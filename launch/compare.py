@@ -3,7 +3,7 @@
 from absl import flags
 
 from runtime import cli
-from runtime.config import MODES
+from runtime.config.run import MODES
 
 _CONFIG = cli.define_config("default", "Experiment config: a path or a name.")
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/compare", "Where metrics, plots and the table go.")
@@ -12,7 +12,7 @@ _MODES = flags.DEFINE_list("modes", ["dp", "diloco_sync", "decoupled"], "Modes t
 
 def main(argv: list[str]) -> None:
   del argv
-  cli.launch("runtime.modes:compare", _CONFIG.value, _WORKDIR.value, tuple(cli.choices("modes", _MODES.value, MODES)),
+  cli.launch("runtime.experiments.modes:compare", _CONFIG.value, _WORKDIR.value, tuple(cli.choices("modes", _MODES.value, MODES)),
              varied=cli.varied(cli.overrides()))
 
 

@@ -14,7 +14,7 @@ _LEND_SECONDS = flags.DEFINE_float("lend_seconds", 150.0, "Modeled seconds they 
 
 def main(argv: list[str]) -> None:
   del argv
-  cli.launch("runtime.scavenging:run", _CONFIG.value, _WORKDIR.value, cli.integers("seeds", _SEEDS.value),
+  cli.launch("runtime.experiments.scavenging:run", _CONFIG.value, _WORKDIR.value, cli.integers("seeds", _SEEDS.value),
              cli.integers("growth", _GROWTH.value), _LEND_AT.value, _LEND_SECONDS.value)
 
 

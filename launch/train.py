@@ -14,7 +14,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "workdirs/default", "Where metrics, pl
 
 def main(argv: list[str]) -> None:
   del argv
-  cli.launch("runtime.modes:train", _CONFIG.value, _WORKDIR.value, name=cli.run_name(_CONFIG.value))
+  cli.launch("runtime.experiments.modes:train", _CONFIG.value, _WORKDIR.value, name=cli.run_name(_CONFIG.value))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ VOCAB_SIZE = 256  # byte-level
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Architecture hyper-parameters; validated in runtime.config."""
+  """Architecture hyper-parameters; validated in runtime.config.run."""
 
   num_layers: int = 2
   d_model: int = 128

@@ -23,8 +23,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 import configs
-from runtime import config_docs
-from runtime.config import from_config_dict
+from runtime.config import docs as config_docs
+from runtime.config.run import from_config_dict
 from runtime.errors import ConfigError, DataError, TrainingDiverged, UsageError
 
 USAGE_EXIT = 2

@@ -50,7 +50,7 @@ MUTATIONS = {
         "runtime/diloco/syncer.py", "    if reason:  # Θ would diverge:", "    if False:  # Θ would diverge:",
         "tests/test_syncer.py::test_an_absurd_outer_step_is_never_committed_and_persistent_failure_names_the_likely_field"),
     "inner_schedule_restarts_on_reset": (
-        "runtime/programs.py", "opt_state=schedule_at(tx.init(params), step)", "opt_state=tx.init(params)",
+        "runtime/train/programs.py", "opt_state=schedule_at(tx.init(params), step)", "opt_state=tx.init(params)",
         "tests/test_learner.py::test_reset_starts_fresh_inner_state_at_the_learners_own_step"),
     "quorum_strictly_greater": (
         "runtime/diloco/syncer.py", "len(self._pending) >= self.quorum(able)", "len(self._pending) > self.quorum(able)",
@@ -63,7 +63,7 @@ MUTATIONS = {
         "heapq.heappush(self._heap, (at, __import__('random').random(), event))",
         "tests/test_clock.py::test_virtual_events_pop_in_time_order_and_ties_in_scheduling_order"),
     "config_accepts_non_finite_numbers": (
-        "runtime/config.py", "check(ok and (not isinstance(value, float) or math.isfinite(value)), name, value, allowed)",
+        "runtime/config/run.py", "check(ok and (not isinstance(value, float) or math.isfinite(value)), name, value, allowed)",
         "check(ok, name, value, allowed)",
         "tests/test_config.py::test_values_a_user_can_type_that_are_not_allowed"),
     "misspelled_override_not_caught_before_absl": (
@@ -73,11 +73,11 @@ MUTATIONS = {
         "runtime/cli.py", "        print(config_docs.help_text(config, path.partition(\":\")[0]))\n", "",
         "tests/test_cli.py::test_train_help_mentions_every_field_of_the_default_config_with_its_meaning"),
     "sweep_reruns_finished_points": (
-        "runtime/sweep.py", "todo = [p for p in points if not (workdir / p.name / summary.RESULTS_FILE).exists()]",
+        "runtime/experiments/sweep.py", "todo = [p for p in points if not (workdir / p.name / summary.RESULTS_FILE).exists()]",
         "todo = list(points)",
         "tests/test_sweep.py::test_a_two_by_two_sweep_writes_one_table_and_plot_and_a_second_invocation_skips_finished_points"),
     "checkpoint_digest_ignored": (
-        "runtime/checkpoint.py", "if digest.read_text().strip() != _digest(step_dir):", "if False:",
+        "runtime/checkpoint/store.py", "if digest.read_text().strip() != _digest(step_dir):", "if False:",
         "tests/test_checkpoint.py::test_a_damaged_latest_checkpoint_is_skipped_with_a_warning_naming_it"),
     "dp_resume_forgets_the_data_position": (
         "runtime/baselines/dp.py", "      stream.restore(meta[\"data\"])\n", "",
@@ -86,7 +86,7 @@ MUTATIONS = {
         "runtime/diloco/ledger.py",
         'self.useful_seconds, self.lost_seconds = saved["useful_seconds"], saved["lost_seconds"]', "pass", _RESUME_TEST),
     "resume_forgets_a_link_fault": (
-        "runtime/diloco/links.py", 'self._faults = {m: (until, mode) for m, until, mode in saved["faults"]}', "pass",
+        "runtime/network/links.py", 'self._faults = {m: (until, mode) for m, until, mode in saved["faults"]}', "pass",
         _RESUME_TEST),
     "resume_forgets_a_failed_program_in_flight": (
         "runtime/diloco/learner.py", 'failure = part["failure"] or failure', "failure = failure", _RESUME_TEST),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtime.config import RunConfig, with_fields
+from runtime.config.run import RunConfig, with_fields
 from runtime.network.allreduce import all_reduce, dp_step
 
 

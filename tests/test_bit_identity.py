@@ -22,8 +22,8 @@ import jax
 import jaxlib
 import pytest
 
-from runtime import modes
-from runtime.metrics import without_wall_time
+from runtime.experiments import modes
+from runtime.reporting.metrics import without_wall_time
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 

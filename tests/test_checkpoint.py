@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from launcher import FAST, REPO, launch
-from runtime.checkpoint import DIGEST, Checkpoints
-from runtime.metrics import read_jsonl
+from runtime.checkpoint.store import DIGEST, Checkpoints
+from runtime.reporting.metrics import read_jsonl
 
 DP = ["--config=smoke", *FAST, "--config.mode=dp", "--config.total_steps=12", "--config.eval_every=3",
       "--config.log_every=1", "--config.checkpoint_every=2"]

@@ -7,7 +7,8 @@ import pytest
 
 from configs import default
 from launcher import FAST, REPO, imported_jax, launch
-from runtime import cli, config_docs
+from runtime import cli
+from runtime.config import docs as config_docs
 from runtime.errors import UsageError
 
 # (launcher, arguments, what the one-line message must name). The invocations first, then the rest.

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from runtime.diloco.clock import Event, RealClock, VirtualClock
-from runtime.config import ClockConfig
+from runtime.config.run import ClockConfig
 
 
 def _virtual(**cfg):

@@ -12,10 +12,10 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from configs import default
-from runtime import modes
-from runtime.config import from_config_dict
+from runtime.experiments import modes
+from runtime.config.run import from_config_dict
 from runtime.errors import ConfigError
-from runtime.experiment import Experiment
+from runtime.train.harness import Experiment
 from runtime.wire import codecs
 from runtime.wire import payload as payload_lib
 from runtime.wire.config import CompressionConfig

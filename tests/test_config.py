@@ -3,7 +3,7 @@
 import pytest
 
 from configs import chaos, default, diloco_sync, dp, quality, smoke
-from runtime.config import from_config_dict
+from runtime.config.run import from_config_dict
 from runtime.errors import ConfigError
 
 

@@ -3,8 +3,10 @@
 import jax
 import pytest
 
-from runtime import cross_region, modes
-from runtime.experiment import Experiment
+from runtime.experiments import cross_region
+
+from runtime.experiments import modes
+from runtime.train.harness import Experiment
 
 
 def _run(config):

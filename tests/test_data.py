@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime import corpus
-from runtime import data
+from runtime.data import corpus
+from runtime.data import shards as data
 from runtime.errors import DataError
 
 

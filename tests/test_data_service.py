@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from runtime import data as data_lib
-from runtime.data_service import DataService, LeasedStream
+from runtime.data import shards as data_lib
+from runtime.data.service import DataService, LeasedStream
 from runtime.errors import DataError
-from runtime.staging import Stager
+from runtime.data.staging import Stager
 
 SEQ = 7
 

@@ -10,12 +10,12 @@ import pytest
 from invariants import assert_ranges_tile
 
 from models import lm
-from runtime import modes
+from runtime.experiments import modes
 from runtime.errors import TrainingDiverged
-from runtime.experiment import Experiment
-from runtime.metrics import without_wall_time
-from runtime.optim import inner_optimizer
-from runtime.programs import init_state, make_train_step
+from runtime.train.harness import Experiment
+from runtime.reporting.metrics import without_wall_time
+from runtime.train.optim import inner_optimizer
+from runtime.train.programs import init_state, make_train_step
 
 
 def _run(config, workdir=None, name="run"):

@@ -4,9 +4,9 @@ import jax
 import numpy as np
 import pytest
 
-from runtime import modes
+from runtime.experiments import modes
 from runtime.faults import plan
-from runtime.experiment import Experiment
+from runtime.train.harness import Experiment
 
 
 def _run(config, workdir=None):

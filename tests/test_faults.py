@@ -4,9 +4,9 @@ import jax
 import numpy as np
 import pytest
 
-from runtime import modes
+from runtime.experiments import modes
 from runtime.diloco.controller import Controller
-from runtime.experiment import Experiment
+from runtime.train.harness import Experiment
 from runtime.diloco.learner import Learner
 from runtime.diloco.syncer import Syncer
 

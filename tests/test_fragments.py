@@ -9,14 +9,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from runtime import fragments, modes
-from runtime.config import OuterConfig, from_config_dict
+from runtime.diloco import fragment_plan
+
+from runtime.experiments import modes
+from runtime.config.run import OuterConfig, from_config_dict
 from runtime.diloco import learner as learner_lib
 from runtime.diloco import syncer as syncer_lib
 from runtime.diloco.fragment_trees import FragmentTrees, fragment_paths
 from runtime.diloco.messages import Report
 from runtime.errors import ConfigError
-from runtime.experiment import Experiment
+from runtime.train.harness import Experiment
 from invariants import assert_ranges_tile
 from test_resume import FAULTS, assert_resumes_bit_identical
 
@@ -24,7 +26,7 @@ from test_resume import FAULTS, assert_resumes_bit_identical
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(1, 10_000), min_size=1, max_size=60), st.integers(1, 12))
 def test_packing_puts_every_tensor_in_exactly_one_fragment(sizes, num_fragments):
-  groups = fragments.pack(sizes, num_fragments)
+  groups = fragment_plan.pack(sizes, num_fragments)
   assert len(groups) == num_fragments
   assert sorted(i for g in groups for i in g) == list(range(len(sizes)))
 
@@ -32,22 +34,22 @@ def test_packing_puts_every_tensor_in_exactly_one_fragment(sizes, num_fragments)
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(1, 10_000), min_size=1, max_size=60), st.integers(1, 12))
 def test_fragments_are_balanced_within_the_largest_tensor(sizes, num_fragments):
-  loads = [sum(sizes[i] for i in g) for g in fragments.pack(sizes, num_fragments)]
+  loads = [sum(sizes[i] for i in g) for g in fragment_plan.pack(sizes, num_fragments)]
   assert max(loads) - min(loads) <= max(sizes)
 
 
 def test_packing_is_deterministic_and_breaks_ties_by_tensor_then_fragment():
-  assert fragments.pack([4, 4, 4, 4], 2) == ((0, 2), (1, 3))
-  assert fragments.pack([1, 9, 3, 5], 2) == fragments.pack([1, 9, 3, 5], 2) == ((1,), (0, 2, 3))
+  assert fragment_plan.pack([4, 4, 4, 4], 2) == ((0, 2), (1, 3))
+  assert fragment_plan.pack([1, 9, 3, 5], 2) == fragment_plan.pack([1, 9, 3, 5], 2) == ((1,), (0, 2, 3))
 
 
 def test_more_fragments_than_tensors_leaves_some_empty():
-  assert fragments.pack([3, 2], 3) == ((0,), (1,), ())
+  assert fragment_plan.pack([3, 2], 3) == ((0,), (1,), ())
 
 
 def test_a_fragment_count_below_one_is_a_config_error():
   with pytest.raises(ConfigError, match="fragments"):
-    fragments.pack([1], 0)
+    fragment_plan.pack([1], 0)
 
 
 def test_fragment_paths_name_the_models_tensors():
@@ -62,9 +64,9 @@ def test_fragment_paths_name_the_models_tensors():
 def test_each_fragment_syncs_once_every_h_steps_at_its_staggered_offset(inner_steps, num_fragments):
   steps = range(1, 3 * inner_steps + 1)
   for p in range(num_fragments):
-    due = [t for t in steps if fragments.sync_due(t, p, inner_steps, num_fragments)]
+    due = [t for t in steps if fragment_plan.sync_due(t, p, inner_steps, num_fragments)]
     offset = p * inner_steps // num_fragments
-    assert fragments.sync_offset(p, inner_steps, num_fragments) == offset
+    assert fragment_plan.sync_offset(p, inner_steps, num_fragments) == offset
     assert len(due) == 3 and all(t % inner_steps == offset for t in due)
     assert np.all(np.diff(due) == inner_steps)
 
@@ -72,7 +74,7 @@ def test_each_fragment_syncs_once_every_h_steps_at_its_staggered_offset(inner_st
 def test_a_learners_reports_cycle_through_the_fragments_each_due_after_its_inner_steps():
   inner_steps, num = 12, 4
   for n in range(3 * num):
-    assert fragments.sync_due((n + 1) * inner_steps // num, fragments.fragment_of(n, num), inner_steps, num)
+    assert fragment_plan.sync_due((n + 1) * inner_steps // num, fragment_plan.fragment_of(n, num), inner_steps, num)
 
 
 def _run(config):
@@ -109,7 +111,7 @@ def test_each_merge_moves_only_its_fragments_tensors_and_learners_report_the_fra
   merges = [r for r in result.records if r["kind"] == "merge"]
   for m in range(tiny_config.learners):  # each learner's n-th report carries fragment (n + 1) mod P
     mine = [r["fragment"] for r in merges for learner in r["merged"] if learner == m]
-    assert mine == [fragments.fragment_of(n, num) for n in range(len(mine))]
+    assert mine == [fragment_plan.fragment_of(n, num) for n in range(len(mine))]
     assert len(mine) >= tiny_config.total_steps // (tiny_config.inner_steps // num)  # one every H/P steps (+ overlap)
   owner = _fragment_of_leaf(result.params, num)
   assert sorted({f for f, *_ in commits}) == list(range(num))

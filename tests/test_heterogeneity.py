@@ -3,8 +3,8 @@
 import pytest
 
 from configs import heterogeneity as heterogeneity_config
-from runtime import heterogeneity
-from runtime.config import from_config_dict
+from runtime.experiments import heterogeneity
+from runtime.config.run import from_config_dict
 from runtime.errors import UsageError
 
 

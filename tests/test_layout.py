@@ -67,7 +67,7 @@ def test_the_controller_assigns_no_attribute_of_another_object(path):
     ("runtime/sim", {"runtime.errors", "runtime.sim.config", "runtime.sim.model", "runtime.sim.timeline",
                       "runtime.sim.trace"}),  # NumPy only, no JAX
     ("runtime/faults/plan.py", {"runtime.errors"}),  # pure bookkeeping, parsed at the config boundary
-    ("runtime/slice_pool.py", set()),
+    ("runtime/cluster/slice_pool.py", set()),
 ])
 def test_pure_parts_import_no_jax_and_nothing_of_the_runtime_beyond_what_they_need(package, allowed):
   paths = [ROOT / package] if package.endswith(".py") else sorted((ROOT / package).glob("*.py"))
@@ -78,7 +78,7 @@ def test_pure_parts_import_no_jax_and_nothing_of_the_runtime_beyond_what_they_ne
     assert _imports(path, modules) <= allowed, path
 
 
-@pytest.mark.parametrize("module", ["runtime.cli", "runtime.sweep", "runtime.config", "runtime.config_docs"])
+@pytest.mark.parametrize("module", ["runtime.cli", "runtime.experiments.sweep", "runtime.config.run", "runtime.config.docs"])
 def test_the_command_line_boundary_validates_without_importing_jax(module):
   """Bad input is reported before JAX starts: nothing the boundary imports, however indirectly, imports JAX."""
   modules = _modules()

@@ -9,12 +9,12 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
-from runtime import devices as devices_lib
-from runtime import modes
+from runtime.cluster import devices as devices_lib
+from runtime.experiments import modes
 from runtime.diloco.learner import DOWN, TRAINING, WAITING, Learner
 from runtime.diloco.messages import Delivery
-from runtime.experiment import Experiment
-from runtime.optim import inner_optimizer
+from runtime.train.harness import Experiment
+from runtime.train.optim import inner_optimizer
 
 
 @pytest.fixture

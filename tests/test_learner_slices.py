@@ -6,13 +6,13 @@ import pytest
 
 from invariants import assert_data_accounted
 from models import lm
-from runtime import devices as devices_lib
-from runtime import modes
-from runtime import tree_transfer
-from runtime.config import from_config_dict
+from runtime.cluster import devices as devices_lib
+from runtime.experiments import modes
+from runtime.train import tree_transfer
+from runtime.config.run import from_config_dict
 from runtime.diloco.controller import Controller
 from runtime.errors import ConfigError
-from runtime.experiment import Experiment
+from runtime.train.harness import Experiment
 from runtime.faults import plan
 from runtime.sim import config as sim_config
 from test_resume import assert_resumes_bit_identical

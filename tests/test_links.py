@@ -2,8 +2,8 @@
 
 import pytest
 
-from runtime import config as config_lib
-from runtime.config import RunConfig, with_fields
+from runtime.config import run as config_lib
+from runtime.config.run import RunConfig, with_fields
 from runtime.errors import ConfigError
 from runtime.network.config import LinksConfig, active, region_of
 from runtime.network.paths import Paths, peak_in_flight

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from invariants import assert_data_accounted
-from runtime import modes
-from runtime.config import from_config_dict
+from runtime.experiments import modes
+from runtime.config.run import from_config_dict
 from runtime.errors import ConfigError
 from test_resume import assert_resumes_bit_identical
 

@@ -11,8 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from runtime.diloco import merge
-
+from runtime.diloco import averaging
 # Every distinct (learner count, leaf shapes) pair costs one compilation, so both come from
 # small fixed sets and the examples vary only the values.
 PROPERTY = settings(max_examples=25, deadline=None)
@@ -72,13 +71,13 @@ def test_token_weight_matches_hand_computed_values():
   tokens = jnp.array([1000.0, 2000.0, 0.0, 500.0])
   steps = jnp.array([10.0, 10.0, 0.0, 0.0])
   # 1000 * (1000 / 10) and 2000 * (2000 / 10); no steps or no tokens weigh nothing.
-  np.testing.assert_allclose(merge.token_weight(tokens, steps), [100_000.0, 400_000.0, 0.0, 0.0])
-  np.testing.assert_allclose(merge.token_weight(600, 3), 120_000.0)
+  np.testing.assert_allclose(averaging.token_weight(tokens, steps), [100_000.0, 400_000.0, 0.0, 0.0])
+  np.testing.assert_allclose(averaging.token_weight(600, 3), 120_000.0)
 
 
 def test_token_weight_favours_quality_at_equal_quantity():
   # Same tokens in fewer steps means larger batches, so the report is worth more.
-  assert merge.token_weight(1000, 5) > merge.token_weight(1000, 10)
+  assert averaging.token_weight(1000, 5) > averaging.token_weight(1000, 10)
 
 
 # Weighted mean.
@@ -92,7 +91,7 @@ def test_weighted_mean_matches_numpy_reference(report: Report):
   per_learner = [_leaves(delta) for delta in deltas]
   expected = [sum(p * leaves[i] for p, leaves in zip(probs, per_learner))
               for i in range(len(LEAF_SHAPES))]
-  for actual, want in zip(_leaves(merge.weighted_mean(deltas, jnp.asarray(weights))), expected):
+  for actual, want in zip(_leaves(averaging.weighted_mean(deltas, jnp.asarray(weights))), expected):
     np.testing.assert_allclose(actual, want, rtol=1e-5, atol=1e-4)
 
 
@@ -104,21 +103,21 @@ def test_rda_matches_hand_computed_example():
   # Weights 1 and 3 normalise to 1/4 and 3/4. Norms 5 and 2 average to 5/4 + 6/4 = 2.75.
   # Directions (0.6, 0.8) and (0, 1) average to (0.15, 0.95), of norm sqrt(0.925).
   expected = 2.75 * np.array([0.15, 0.95]) / np.sqrt(0.925)
-  np.testing.assert_allclose(merge.rda(deltas, jnp.array([1.0, 3.0]))["w"], expected, rtol=1e-6)
+  np.testing.assert_allclose(averaging.rda(deltas, jnp.array([1.0, 3.0]))["w"], expected, rtol=1e-6)
   np.testing.assert_allclose(expected, [0.428897, 2.716348], rtol=1e-6)
 
 
 def test_rda_zero_delta_contributes_only_its_zero_norm():
   deltas = [{"w": jnp.array([3.0, 4.0])}, {"w": jnp.zeros(2)}]
   # Radius (5 + 0) / 2; the direction is the first learner's alone.
-  np.testing.assert_allclose(merge.rda(deltas, jnp.array([1.0, 1.0]))["w"], [1.5, 2.0], rtol=1e-6)
+  np.testing.assert_allclose(averaging.rda(deltas, jnp.array([1.0, 1.0]))["w"], [1.5, 2.0], rtol=1e-6)
 
 
 def test_rda_keeps_norm_where_mean_shrinks_for_orthogonal_deltas():
   deltas = [{"w": jnp.array([1.0, 0.0])}, {"w": jnp.array([0.0, 1.0])}]
   weights = jnp.array([1.0, 1.0])
-  np.testing.assert_allclose(jnp.linalg.norm(merge.rda(deltas, weights)["w"]), 1.0, rtol=1e-6)
-  np.testing.assert_allclose(jnp.linalg.norm(merge.weighted_mean(deltas, weights)["w"]),
+  np.testing.assert_allclose(jnp.linalg.norm(averaging.rda(deltas, weights)["w"]), 1.0, rtol=1e-6)
+  np.testing.assert_allclose(jnp.linalg.norm(averaging.weighted_mean(deltas, weights)["w"]),
                              np.sqrt(0.5), rtol=1e-6)
 
 
@@ -127,7 +126,7 @@ def test_rda_keeps_norm_where_mean_shrinks_for_orthogonal_deltas():
 def test_rda_of_identical_deltas_returns_that_delta(single: list[Any], learners: int,
                                                     data: st.DataObject):
   weights = data.draw(_weights(learners))
-  assert_trees_close(merge.rda(single * learners, jnp.asarray(weights)), single[0])
+  assert_trees_close(averaging.rda(single * learners, jnp.asarray(weights)), single[0])
 
 
 @PROPERTY
@@ -136,14 +135,14 @@ def test_rda_norm_is_weighted_mean_of_norms(report: Report):
   deltas, weights = report
   probs = weights.astype(np.float64) / weights.sum(dtype=np.float64)
   per_learner = [_leaves(delta) for delta in deltas]
-  for i, leaf in enumerate(_leaves(merge.rda(deltas, jnp.asarray(weights)))):
+  for i, leaf in enumerate(_leaves(averaging.rda(deltas, jnp.asarray(weights)))):
     expected = sum(p * np.linalg.norm(leaves[i]) for p, leaves in zip(probs, per_learner))
     np.testing.assert_allclose(np.linalg.norm(leaf), expected, rtol=1e-5)
 
 
 # Properties both methods share.
 
-METHODS = pytest.mark.parametrize("method", merge.MERGE_METHODS)
+METHODS = pytest.mark.parametrize("method", averaging.MERGE_METHODS)
 
 
 @METHODS
@@ -151,8 +150,8 @@ METHODS = pytest.mark.parametrize("method", merge.MERGE_METHODS)
 @given(aligned_reports, st.floats(1e-3, 1e3))
 def test_merge_is_invariant_to_positive_weight_scaling(method: str, report: Report, scale: float):
   deltas, weights = report
-  assert_trees_close(merge.merge(deltas, jnp.asarray(weights * np.float32(scale)), method=method),
-                     merge.merge(deltas, jnp.asarray(weights), method=method))
+  assert_trees_close(averaging.merge(deltas, jnp.asarray(weights * np.float32(scale)), method=method),
+                     averaging.merge(deltas, jnp.asarray(weights), method=method))
 
 
 @METHODS
@@ -162,8 +161,8 @@ def test_merge_is_invariant_to_learner_order(method: str, report: Report, data: 
   deltas, weights = report
   order = data.draw(st.permutations(range(len(deltas))))
   assert_trees_close(
-      merge.merge([deltas[i] for i in order], jnp.asarray(weights[order]), method=method),
-      merge.merge(deltas, jnp.asarray(weights), method=method))
+      averaging.merge([deltas[i] for i in order], jnp.asarray(weights[order]), method=method),
+      averaging.merge(deltas, jnp.asarray(weights), method=method))
 
 
 @METHODS
@@ -172,38 +171,38 @@ def test_merge_is_invariant_to_learner_order(method: str, report: Report, data: 
 def test_zero_weight_learner_has_no_effect(method: str, report: Report, ignored: list[Any]):
   deltas, weights = report
   assert_trees_close(
-      merge.merge(deltas + ignored, jnp.asarray(np.append(weights, np.float32(0.0))),
+      averaging.merge(deltas + ignored, jnp.asarray(np.append(weights, np.float32(0.0))),
                   method=method),
-      merge.merge(deltas, jnp.asarray(weights), method=method))
+      averaging.merge(deltas, jnp.asarray(weights), method=method))
 
 
 @METHODS
 def test_all_zero_weights_merge_to_zero(method: str):
   deltas = [{"w": jnp.array([3.0, 4.0])}, {"w": jnp.array([1.0, 2.0])}]
-  np.testing.assert_array_equal(merge.merge(deltas, jnp.zeros(2), method=method)["w"], [0.0, 0.0])
+  np.testing.assert_array_equal(averaging.merge(deltas, jnp.zeros(2), method=method)["w"], [0.0, 0.0])
 
 
 def test_merge_keeps_leaf_dtype():
   deltas = [{"w": jnp.array([3.0, 4.0], jnp.bfloat16)}, {"w": jnp.array([1.0, 2.0], jnp.bfloat16)}]
-  assert merge.merge(deltas, jnp.array([1.0, 1.0]))["w"].dtype == jnp.bfloat16
+  assert averaging.merge(deltas, jnp.array([1.0, 1.0]))["w"].dtype == jnp.bfloat16
 
 
 def test_merge_rejects_unknown_method():
   with pytest.raises(ValueError, match="'median'"):
-    merge.merge([{"w": jnp.ones(2)}], jnp.ones(1), method="median")
+    averaging.merge([{"w": jnp.ones(2)}], jnp.ones(1), method="median")
 
 
 def test_merge_rejects_weight_count_mismatch():
   with pytest.raises(ValueError, match="one weight per delta"):
-    merge.merge([{"w": jnp.ones(2)}, {"w": jnp.ones(2)}], jnp.ones(3))
+    averaging.merge([{"w": jnp.ones(2)}, {"w": jnp.ones(2)}], jnp.ones(3))
 
 
 # Routing embeddings to the plain mean.
 
 
 def test_is_embedding_matches_embedding_paths_only():
-  assert merge.is_embedding(EMBED_PATH)
-  assert not merge.is_embedding(KERNEL_PATH)
+  assert averaging.is_embedding(EMBED_PATH)
+  assert not averaging.is_embedding(KERNEL_PATH)
 
 
 @PROPERTY
@@ -211,8 +210,8 @@ def test_is_embedding_matches_embedding_paths_only():
 def test_mean_for_routes_embedding_leaf_to_plain_mean(report: Report):
   deltas, weights = report
   weights = jnp.asarray(weights)
-  merged = merge.merge(deltas, weights, mean_for=merge.is_embedding)
-  mean, rda = merge.weighted_mean(deltas, weights), merge.rda(deltas, weights)
+  merged = averaging.merge(deltas, weights, mean_for=averaging.is_embedding)
+  mean, rda = averaging.weighted_mean(deltas, weights), averaging.rda(deltas, weights)
   assert_trees_close(merged["params"]["embed"], mean["params"]["embed"])
   assert_trees_close(merged["params"]["dense"], rda["params"]["dense"])
 
@@ -224,17 +223,17 @@ def test_mean_for_routes_embedding_leaf_to_plain_mean(report: Report):
 @given(_deltas(1, -10.0, 10.0), st.sampled_from([np.nan, np.inf, -np.inf]), st.data())
 def test_delta_is_finite_flags_any_nan_or_inf(single: list[Any], bad: float, data: st.DataObject):
   delta = single[0]
-  assert merge.delta_is_finite(delta)
+  assert averaging.delta_is_finite(delta)
   leaves, treedef = jax.tree.flatten(delta)
   leaf = data.draw(st.integers(0, len(leaves) - 1))
   corrupt = np.array(leaves[leaf])
   corrupt.flat[data.draw(st.integers(0, corrupt.size - 1))] = bad
   leaves[leaf] = corrupt
-  assert not merge.delta_is_finite(jax.tree.unflatten(treedef, leaves))
+  assert not averaging.delta_is_finite(jax.tree.unflatten(treedef, leaves))
 
 
 @PROPERTY
 @given(_deltas(1, -10.0, 10.0))
 def test_global_norm_matches_numpy(single: list[Any]):
   flat = np.concatenate([leaf.ravel() for leaf in _leaves(single[0])])
-  np.testing.assert_allclose(merge.global_norm(single[0]), np.linalg.norm(flat), rtol=1e-5)
+  np.testing.assert_allclose(averaging.global_norm(single[0]), np.linalg.norm(flat), rtol=1e-5)

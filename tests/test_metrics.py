@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from runtime import summary
-from runtime.metrics import MetricsLogger, read_jsonl, without_wall_time
+from runtime.reporting import summary
+from runtime.reporting.metrics import MetricsLogger, read_jsonl, without_wall_time
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

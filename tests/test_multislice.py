@@ -5,12 +5,13 @@ import types
 import jax
 import pytest
 
-from runtime import devices as devices_lib
-from runtime import modes, multislice
+from runtime.cluster import devices as devices_lib
+from runtime.experiments import modes
+from runtime.cluster import multislice
 from runtime.diloco.controller import Controller
 from runtime.diloco.learner import Learner
 from runtime.errors import ConfigError
-from runtime.experiment import Experiment
+from runtime.train.harness import Experiment
 
 SHUFFLED = (2, 0, 3, 1, 1, 3, 0, 2)  # slice_index of devices 0..7, as a multislice platform may number them
 

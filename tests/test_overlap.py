@@ -3,8 +3,8 @@
 import pytest
 from invariants import assert_ranges_tile
 
-from runtime import modes
-from runtime.experiment import Experiment
+from runtime.experiments import modes
+from runtime.train.harness import Experiment
 
 
 def _run(config):

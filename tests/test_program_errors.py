@@ -5,16 +5,16 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from runtime import devices as devices_lib
-from runtime import modes
+from runtime.cluster import devices as devices_lib
+from runtime.experiments import modes
 from runtime.diloco import controller as controller_lib
 from runtime.diloco.controller import Controller
 from runtime.diloco.learner import FAILED, Learner
 from runtime.errors import ProgramError
-from runtime.experiment import Experiment
+from runtime.train.harness import Experiment
 from runtime.faults import injection
 from runtime.faults.plan import parse_schedule
-from runtime.metrics import without_wall_time
+from runtime.reporting.metrics import without_wall_time
 from test_resume import _newest_sound_meta
 
 BUG = "INVALID_ARGUMENT: Executable expected parameter 0 of size 1024 but got buffer with incompatible size 2048"

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from runtime import modes
+from runtime.experiments import modes
 from runtime.diloco.controller import Controller
-from runtime.experiment import Experiment
+from runtime.train.harness import Experiment
 
 
 def _real(config):

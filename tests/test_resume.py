@@ -11,10 +11,10 @@ import pytest
 
 from invariants import assert_ranges_tile
 from launcher import FAST, launch
-from runtime import modes
-from runtime.checkpoint import DIGEST, Checkpoints
+from runtime.experiments import modes
+from runtime.checkpoint.store import DIGEST, Checkpoints
 from runtime.diloco import controller as controller_lib
-from runtime.metrics import without_wall_time
+from runtime.reporting.metrics import without_wall_time
 from test_checkpoint import _kill_after_first_checkpoint, _killed_then_resumed
 
 # A crash inside a round (its program fails on the device), a straggler, a corrupt (quarantined) report, a link
@@ -140,7 +140,7 @@ WITH_FAULTS = ["--config.num_devices=4", "--config.slices=4", "--config.faults.r
 def _final_theta(workdir: pathlib.Path) -> tuple[list, dict]:
   """The final checkpoint's arrays (Θ among them) and its metadata."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  from runtime.checkpoint import restore_args  # pylint: disable=g-import-not-at-top
+  from runtime.checkpoint.store import restore_args  # pylint: disable=g-import-not-at-top
   directory = _run_dir(workdir) / "checkpoints"
   step = max(int(p.name) for p in directory.iterdir() if p.name.isdigit())
   meta = json.loads((directory / str(step) / "meta" / "metadata").read_text())

@@ -5,9 +5,9 @@ import collections
 import numpy as np
 import pytest
 
-from runtime import modes
-from runtime.experiment import Experiment, RunResult, make_logger, run_time_kind
-from runtime.optim import inner_schedule
+from runtime.experiments import modes
+from runtime.train.harness import Experiment, RunResult, make_logger, run_time_kind
+from runtime.train.optim import inner_schedule
 
 
 def _run(config, name="run"):

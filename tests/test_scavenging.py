@@ -2,9 +2,9 @@
 
 import math
 
-from runtime import scavenging
-from runtime.config import from_config_dict, with_fields
-from runtime.experiment import RunResult
+from runtime.experiments import scavenging
+from runtime.config.run import from_config_dict, with_fields
+from runtime.train.harness import RunResult
 
 
 def test_each_variant_is_a_valid_run_at_equal_tokens_with_one_device_per_slice(tiny_config):

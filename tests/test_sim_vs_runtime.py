@@ -1,15 +1,15 @@
-"""The goodput simulator and the runtime on one failure trace (runtime/validation.py)."""
+"""The goodput simulator and the runtime on one failure trace (runtime/experiments/sim_vs_runtime.py)."""
 
 import pathlib
 
 import numpy as np
 import pytest
 
-from runtime import validation
-from runtime.config import with_fields
+from runtime.experiments import sim_vs_runtime as validation
+from runtime.config.run import with_fields
 from runtime.errors import UsageError
-from runtime.experiment import Experiment
-from runtime.modes import prepare, train_one
+from runtime.train.harness import Experiment
+from runtime.experiments.modes import prepare, train_one
 from runtime.sim import model as sim_model
 from runtime.sim import trace as trace_lib
 

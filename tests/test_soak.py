@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from invariants import assert_data_accounted
-from runtime import modes
+from runtime.experiments import modes
 from runtime.diloco.controller import Controller
-from runtime.experiment import Experiment
+from runtime.train.harness import Experiment
 
 
 def _random_schedule(rng: np.random.Generator, learners: int, horizon: float, count: int) -> str:

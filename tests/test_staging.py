@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from runtime import data as data_lib
-from runtime import devices as devices_lib
-from runtime.staging import Stager
+from runtime.data import shards as data_lib
+from runtime.cluster import devices as devices_lib
+from runtime.data.staging import Stager
 
 
 @pytest.fixture

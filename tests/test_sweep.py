@@ -5,8 +5,8 @@ import json
 import pytest
 
 from configs import smoke
-from runtime import sweep
-from runtime.config import from_config_dict
+from runtime.experiments import sweep
+from runtime.config.run import from_config_dict
 from runtime.errors import ConfigError, UsageError
 from launcher import FAST, launch
 

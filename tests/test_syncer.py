@@ -8,8 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from runtime import devices as devices_lib
-from runtime.config import OuterConfig
+from runtime.cluster import devices as devices_lib
+from runtime.config.run import OuterConfig
 from runtime.diloco.messages import Report
 from runtime.diloco.syncer import Syncer, merge_sizes, outer_step
 

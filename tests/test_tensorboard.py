@@ -7,7 +7,7 @@ import sys
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from runtime.metrics import MetricsLogger
+from runtime.reporting.metrics import MetricsLogger
 
 
 def _write_run(workdir: pathlib.Path) -> list[dict]:

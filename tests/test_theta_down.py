@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from configs import default
-from runtime import modes
-from runtime.config import from_config_dict
+from runtime.experiments import modes
+from runtime.config.run import from_config_dict
 from runtime.errors import ConfigError
-from runtime.experiment import Experiment
+from runtime.train.harness import Experiment
 from runtime.wire import downlink as downlink_lib
 from runtime.wire import payload as payload_lib
 
@@ -47,7 +47,7 @@ def test_every_theta_a_learner_adopts_equals_the_syncers_mirror_bit_for_bit(tiny
       (d.mirror, jax.tree.map(np.copy, receive(self, d)))) or adopted[-1][1])
   result = _run(tiny_config)
   mirrors = {number: theta for _, number, _, theta in sent}
-  compressed = [(number, theta) for number, theta in adopted if number != downlink_lib.WHOLE]
+  compressed = [(number, theta) for number, theta in adopted if number != downlink_lib.NO_MIRROR]
   assert len(compressed) >= 3 * tiny_config.learners and len({n for n, _ in compressed}) == len(compressed)
   for number, theta in compressed:
     for mine, theirs in zip(jax.tree.leaves(theta), jax.tree.leaves(mirrors[number])):

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from runtime import config as config_lib
-from runtime import modes
+from runtime.config import run as config_lib
+from runtime.experiments import modes
 from runtime.errors import ConfigError
-from runtime.experiment import Experiment
+from runtime.train.harness import Experiment
 
 
 def _trace(tmp_path, failures: dict[int, list[list[float]]], slices: int, learners: int = 1, kind: str = "elastic",

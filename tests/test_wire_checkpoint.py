@@ -5,7 +5,7 @@ import jax
 import pytest
 
 from configs import default
-from runtime.config import from_config_dict
+from runtime.config.run import from_config_dict
 from runtime.errors import ConfigError
 from test_resume import assert_resumes_bit_identical
 

@@ -9,14 +9,14 @@ from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
-from runtime import data as data_lib
-from runtime import devices as devices_lib
-from runtime.checkpoint import Checkpoints
-from runtime.config import RunConfig
-from runtime.experiment import Experiment, RunResult, Stopwatch, host, make_logger, run_time_kind
+from runtime.data import shards as data_lib
+from runtime.cluster import devices as devices_lib
+from runtime.checkpoint.store import Checkpoints
+from runtime.config.run import RunConfig
+from runtime.train.harness import Experiment, RunResult, Stopwatch, host, make_logger, run_time_kind
 from runtime.network import allreduce
-from runtime.optim import inner_lr, inner_optimizer
-from runtime.programs import init_state, make_train_step
+from runtime.train.optim import inner_lr, inner_optimizer
+from runtime.train.programs import init_state, make_train_step
 
 
 def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str = "dp") -> RunResult:

@@ -21,14 +21,14 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
-from runtime import devices as devices_lib
-from runtime.checkpoint import Checkpoints
-from runtime.config import RunConfig
-from runtime.experiment import Experiment, RunResult, Stopwatch, make_logger
+from runtime.cluster import devices as devices_lib
+from runtime.checkpoint.store import Checkpoints
+from runtime.config.run import RunConfig
+from runtime.train.harness import Experiment, RunResult, Stopwatch, make_logger
 from runtime.faults import replay
 from runtime.network import allreduce
-from runtime.optim import inner_lr, inner_optimizer
-from runtime.programs import init_state, make_train_step
+from runtime.train.optim import inner_lr, inner_optimizer
+from runtime.train.programs import init_state, make_train_step
 
 
 class _Programs:

@@ -19,12 +19,12 @@ import ml_collections
 from models import lm
 
 from runtime.bench.throughput import alternate, diloco_tokens_per_second, format_result
-from runtime.config import RunConfig, with_mode
+from runtime.config.run import RunConfig, with_mode
 from runtime.errors import ConfigError
-from runtime.experiment import Experiment
+from runtime.train.harness import Experiment
 from runtime.faults.plan import FaultConfig
-from runtime.modes import prepare, train_one
-from runtime.summary import summary_table
+from runtime.experiments.modes import prepare, train_one
+from runtime.reporting.summary import summary_table
 
 BLOCKING_TARGET = 0.05  # the controller's blocking time per save, as a fraction of the time between saves
 THROUGHPUT_TARGET = 0.97  # throughput with checkpoints on / off

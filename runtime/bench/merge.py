@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from runtime.diloco import merge
+from runtime.diloco import averaging
 from runtime.errors import ConfigError
 
 PyTree = Any
@@ -106,9 +106,9 @@ def run(config: MergeBenchConfig) -> MergeBenchResult:
   deltas = random_deltas(shapes, config.learners, config.seed)
   # Learners ran different step counts of equal 65,536-token batches.
   steps = np.arange(config.learners) + 20
-  weights = jax.device_put(merge.token_weight(steps * 65_536, steps), jax.devices("cpu")[0])
-  merge_fn = functools.partial(merge.merge, weights=weights, method="rda",
-                               mean_for=merge.is_embedding if config.embed_mean else None)
+  weights = jax.device_put(averaging.token_weight(steps * 65_536, steps), jax.devices("cpu")[0])
+  merge_fn = functools.partial(averaging.merge, weights=weights, method="rda",
+                               mean_for=averaging.is_embedding if config.embed_mean else None)
   # A syncer that drops the reports after merging can donate them; the output then reuses
   # their memory instead of faulting in fresh pages every round.
   donating = jax.jit(merge_fn, donate_argnames="deltas")

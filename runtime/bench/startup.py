@@ -32,9 +32,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from runtime import tree_transfer
+from runtime.train import tree_transfer
 from runtime.errors import ConfigError
-from runtime.summary import summary_table
+from runtime.reporting.summary import summary_table
 
 CPU_TARGET_MS = 2.0  # the controller's CPU time per learner round ...
 CPU_TARGET_LEARNERS = 32  # ... at this many learners
@@ -138,8 +138,8 @@ def measure(config: ml_collections.ConfigDict, warmup_rounds: int, route: str) -
   """Runs the config once in this process (JAX not started yet) and returns what the benchmark reports."""
   from runtime.bench.compile_counter import CompileCounter  # pylint: disable=g-import-not-at-top
   from runtime.diloco.controller import Controller  # pylint: disable=g-import-not-at-top
-  from runtime.experiment import Experiment  # pylint: disable=g-import-not-at-top
-  from runtime.modes import prepare  # pylint: disable=g-import-not-at-top
+  from runtime.train.harness import Experiment  # pylint: disable=g-import-not-at-top
+  from runtime.experiments.modes import prepare  # pylint: disable=g-import-not-at-top
 
   run = prepare(config)
   counter = CompileCounter()
@@ -187,10 +187,10 @@ def measure(config: ml_collections.ConfigDict, warmup_rounds: int, route: str) -
 
 def probe_aot_reuse() -> str:
   """Whether a round program compiled ahead of time for one slice runs on another slice's inputs (2 devices)."""
-  from runtime.config import from_config_dict  # pylint: disable=g-import-not-at-top
+  from runtime.config.run import from_config_dict  # pylint: disable=g-import-not-at-top
   from runtime import devices as devices_lib  # pylint: disable=g-import-not-at-top
-  from runtime.optim import inner_optimizer  # pylint: disable=g-import-not-at-top
-  from runtime.programs import init_state, make_round  # pylint: disable=g-import-not-at-top
+  from runtime.train.optim import inner_optimizer  # pylint: disable=g-import-not-at-top
+  from runtime.train.programs import init_state, make_round  # pylint: disable=g-import-not-at-top
   from models import lm  # pylint: disable=g-import-not-at-top
   from configs import startup  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top

@@ -23,15 +23,15 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
-from runtime import devices as devices_lib
-from runtime.config import RunConfig, with_mode
+from runtime.cluster import devices as devices_lib
+from runtime.config.run import RunConfig, with_mode
 from runtime.errors import ConfigError
-from runtime.experiment import Experiment
-from runtime.optim import inner_optimizer
+from runtime.train.harness import Experiment
+from runtime.train.optim import inner_optimizer
 from runtime.faults.plan import FaultConfig
-from runtime.modes import prepare, train_one
-from runtime.summary import summary_table
-from runtime.programs import TrainState, init_state, make_round
+from runtime.experiments.modes import prepare, train_one
+from runtime.reporting.summary import summary_table
+from runtime.train.programs import TrainState, init_state, make_round
 
 BENCHMARKS = ("dp_overhead", "decoupled_vs_dp")
 TARGET = 0.95  # each ratio should reach this

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from runtime.config import ClockConfig
+from runtime.config.run import ClockConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,14 +19,14 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
-from runtime import devices as devices_lib
-from runtime.checkpoint import Checkpoints
-from runtime.config import RunConfig
+from runtime.cluster import devices as devices_lib
+from runtime.checkpoint.store import Checkpoints
+from runtime.config.run import RunConfig
 from runtime.errors import TrainingDiverged
 from runtime.diloco.clock import Event, make_clock
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.learner import ABSENT, DONE, DOWN, RECONFIGURING, TRAINING, WAITING, Learner
-from runtime.diloco.links import Links
+from runtime.network.links import Links
 from runtime.diloco.durability import Durability
 from runtime.diloco.membership import Membership
 from runtime.diloco.merging import Merging
@@ -34,13 +34,13 @@ from runtime.diloco.reconfiguration import Reconfiguration
 from runtime.diloco.recovery import Recovery
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.syncer import MergeResult, Syncer
-from runtime.experiment import Experiment, RunResult, make_logger
+from runtime.train.harness import Experiment, RunResult, make_logger
 from runtime.faults import injection
 from runtime.faults.plan import CrashPlan, timed_events
 from runtime.faults.replay import slice_failures
-from runtime.optim import inner_optimizer
-from runtime.programs import init_state
-from runtime.slice_pool import SlicePool
+from runtime.train.optim import inner_optimizer
+from runtime.train.programs import init_state
+from runtime.cluster.slice_pool import SlicePool
 from runtime.wire.codecs import Codec
 from runtime.wire.downlink import Mirrors
 from runtime.wire.payload import CorruptPayload

@@ -12,9 +12,7 @@ import time
 import numpy as np
 from absl import logging
 
-from runtime.diloco import snapshot as snapshot_lib
-
-
+from runtime.checkpoint import snapshot as snapshot_lib
 class Durability:
   """Checkpoints of the controller's whole state: due by merges or by the run's clock, saved off its thread."""
 

@@ -8,8 +8,7 @@ from typing import Any
 
 import jax
 
-from runtime import fragments as fragments_lib
-
+from runtime.diloco import fragment_plan
 PyTree = Any
 
 
@@ -17,7 +16,7 @@ def fragment_paths(tree: PyTree, num_fragments: int) -> tuple[tuple[str, ...], .
   """Each fragment's tensors by path ("blocks/0/mlp/w"), packed by their number of elements."""
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
   paths = [jax.tree_util.keystr(path, simple=True, separator="/") for path, _ in leaves]
-  groups = fragments_lib.pack([int(getattr(x, "size", 1)) for _, x in leaves], num_fragments)
+  groups = fragment_plan.pack([int(getattr(x, "size", 1)) for _, x in leaves], num_fragments)
   return tuple(tuple(paths[i] for i in group) for group in groups)
 
 
@@ -27,7 +26,7 @@ class FragmentTrees:
   def __init__(self, tree: PyTree, num: int):
     leaves, self._treedef = jax.tree.flatten(tree)
     self.num = num
-    self.groups = fragments_lib.pack([int(x.size) for x in leaves], num)
+    self.groups = fragment_plan.pack([int(x.size) for x in leaves], num)
     self._owner = [0] * len(leaves)  # leaf index -> its fragment
     for p, group in enumerate(self.groups):
       for i in group:
@@ -77,15 +76,15 @@ class LearnerFragments:
 
   def next(self) -> int:
     """The fragment its next report carries."""
-    return fragments_lib.fragment_of(self.reports, self.num)
+    return fragment_plan.fragment_of(self.reports, self.num)
 
   def last(self) -> int:
     """The fragment its last report carried."""
-    return fragments_lib.fragment_of(self.reports - 1, self.num)
+    return fragment_plan.fragment_of(self.reports - 1, self.num)
 
   def owed(self, reports_out: int) -> int:
     """The fragment of the report it has outstanding, or else of the one it trains toward."""
-    return fragments_lib.fragment_of(self.reports - 1 if reports_out else self.reports, self.num)
+    return fragment_plan.fragment_of(self.reports - 1 if reports_out else self.reports, self.num)
 
   def report(self, base_version: int, tokens: int, steps: int) -> dict:
     """The Report's fragment fields for a report taken now, after `tokens` and `steps` trained in all ever."""
@@ -107,7 +106,7 @@ class LearnerFragments:
 
   def received(self, p: int, version: int, tokens: int, steps: int) -> None:
     """Fragment p (WHOLE: all of them) is now held from Θ `version`; the learner has trained `tokens`, `steps`."""
-    if p == fragments_lib.WHOLE:
+    if p == fragment_plan.WHOLE:
       self.versions, self._marks = [version] * self.num, [(tokens, steps)] * self.num
     else:  # what it trained after the report (overlap steps) is in the fragment's next report
       self.versions[p], self._marks[p] = version, self._at_report

@@ -1,7 +1,7 @@
 """A learner: one slice's mesh, data shard, parameters and inner AdamW state, and its rounds.
 
 A round is the learner's work between two receipts of Θ: H inner steps (H/P with P fragments, each report then
-carrying one fragment: runtime/fragments.py), dispatched as a main part of H − τ steps that ends in a report, and
+carrying one fragment: runtime/diloco/fragment_plan.py), dispatched as a main part of H − τ steps that ends in a report, and
 an overlap part of τ steps that trains while the report syncs. Θ of one fragment replaces (carry, mix, overwrite)
 that fragment's tensors only: the others keep their local progress; Θ whole replaces them all.
 The learner keeps its own bookkeeping (tokens and steps since Θ, where its data stands, what it has
@@ -15,19 +15,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from runtime import data as data_lib
-from runtime import tree_transfer
-from runtime.config import RunConfig
-from runtime.data_service import LeasedStream
+from runtime.data import shards as data_lib
+from runtime.train import tree_transfer
+from runtime.config.run import RunConfig
+from runtime.data.service import LeasedStream
 from runtime.diloco import placement as placement_lib
 from runtime.diloco import receive as receive_lib
 from runtime.diloco.fragment_trees import LearnerFragments
 from runtime.diloco.learner_snapshot import LearnerSnapshots
 from runtime.diloco.messages import Delivery, Failure, Report, RoundPart
 from runtime.faults import injection
-from runtime.fragments import WHOLE
-from runtime.programs import TrainState, schedule_to
-from runtime.staging import Stager
+from runtime.diloco.fragment_plan import WHOLE
+from runtime.train.programs import TrainState, schedule_to
+from runtime.data.staging import Stager
 from runtime.wire.downlink import Downlink
 from runtime.wire.uplink import Uplink
 

@@ -5,8 +5,8 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from runtime import tree_transfer
-from runtime.diloco import snapshot as snapshot_lib
+from runtime.train import tree_transfer
+from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.diloco.messages import RoundPart
 
 PyTree = Any

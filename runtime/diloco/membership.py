@@ -12,9 +12,9 @@ lent learner that crashes waits for its own slice's repair, unless the slice is 
 import numpy as np
 from absl import logging
 
-from runtime import capacity as capacity_lib
-from runtime import learner_slices
-from runtime.data_service import DataService, LeasedStream
+from runtime.config import capacity as capacity_lib
+from runtime.cluster import learner_slices
+from runtime.data.service import DataService, LeasedStream
 from runtime.diloco.clock import Event
 from runtime.diloco.learner import ABSENT, DOWN, Learner
 

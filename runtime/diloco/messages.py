@@ -4,8 +4,8 @@ the parts of a round it dispatched, and what a failure cost it."""
 import dataclasses
 from typing import Any
 
-from runtime.fragments import WHOLE
-from runtime.programs import TrainState
+from runtime.diloco.fragment_plan import WHOLE
+from runtime.train.programs import TrainState
 
 PyTree = Any
 

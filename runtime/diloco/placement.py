@@ -15,10 +15,10 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from models import lm
-from runtime import devices as devices_lib
-from runtime.config import RunConfig
+from runtime.cluster import devices as devices_lib
+from runtime.config.run import RunConfig
 from runtime.faults import injection
-from runtime.programs import init_state, make_round
+from runtime.train.programs import init_state, make_round
 
 PyTree = Any
 

@@ -6,7 +6,7 @@ event loop dispatches `_on_<kind>` for these fault events exactly as for the oth
 
 from absl import logging
 
-from runtime import multislice
+from runtime.cluster import multislice
 from runtime.diloco.clock import Event
 from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, WAITING, Learner
 from runtime.diloco.messages import Delivery, Failure

@@ -6,16 +6,16 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from runtime.config import RunConfig
+from runtime.config.run import RunConfig
 from runtime.diloco.learner import ABSENT, DOWN, FAILED, TRAINING, Learner
 from runtime.diloco.ledger import Ledger, uptime
-from runtime.diloco.links import Links
+from runtime.network.links import Links
 from runtime.diloco.messages import Report
 from runtime.diloco.syncer import MergeResult
-from runtime.experiment import Experiment, RunResult, Stopwatch, run_time_kind
-from runtime.metrics import MetricsLogger
+from runtime.train.harness import Experiment, RunResult, Stopwatch, run_time_kind
+from runtime.reporting.metrics import MetricsLogger
 from runtime.network import config as links_config
-from runtime.optim import inner_lr
+from runtime.train.optim import inner_lr
 
 PyTree = Any
 # Fault records that count as injected faults (the rest are their consequences: rejoin, expand, quarantine, ...);

@@ -4,7 +4,7 @@ Reports wait in the syncer until the quorum has reported (and, optionally, a gra
 then they are screened (non-finite or absurd deltas are quarantined, never merged), weighted by
 tokens, merged per tensor (RDA or mean), and applied as one outer step.
 
-With P > 1 fragments (runtime/fragments.py) every report carries one fragment, and each fragment is merged on its
+With P > 1 fragments (runtime/diloco/fragment_plan.py) every report carries one fragment, and each fragment is merged on its
 own: its waiting reports reach its own quorum (K, capped at the learners able to report whose next or outstanding
 report is that fragment, so learners out of phase never deadlock it), its grace window is cut by its own reports'
 deadlines, and its outer step updates only its tensors of Θ with its own outer-optimizer state (momentum per
@@ -23,13 +23,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from runtime.config import OuterConfig
-from runtime.diloco import merge as merge_lib
+from runtime.config.run import OuterConfig
+from runtime.diloco import averaging
 from runtime.diloco.fragment_trees import FragmentTrees
-from runtime.diloco import snapshot as snapshot_lib
+from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.diloco.messages import Delivery, Report
 from runtime.wire.codecs import Codec
-from runtime.wire.downlink import WHOLE, Mirrors
+from runtime.wire.downlink import NO_MIRROR, Mirrors
 from runtime.wire.payload import CorruptPayload
 
 PyTree = Any
@@ -81,7 +81,7 @@ def outer_optimizer(cfg: OuterConfig) -> optax.GradientTransformation:
 def outer_delta(ref: PyTree, local: PyTree) -> tuple[PyTree, jax.Array]:
   """One learner's outer gradient Δ_m = Θ_ref − θ_m, and its global norm."""
   delta = jax.tree.map(jnp.subtract, ref, local)
-  return delta, merge_lib.global_norm(delta)
+  return delta, averaging.global_norm(delta)
 
 
 def merge_sizes(num_learners: int) -> tuple[int, ...]:
@@ -93,9 +93,9 @@ def outer_step(theta: PyTree, opt_state: PyTree, deltas: Sequence[PyTree], weigh
                *, tx: optax.GradientTransformation, method: str,
                mean_for: Callable[[str], bool] | None) -> tuple[PyTree, PyTree, jax.Array]:
   """Θ' = Θ − outer_opt(scale · merge(Δ, w)); returns Θ', the optimizer state and the update's norm."""
-  delta = jax.tree.map(lambda d: d * scale, merge_lib.merge(deltas, weights, method=method, mean_for=mean_for))
+  delta = jax.tree.map(lambda d: d * scale, averaging.merge(deltas, weights, method=method, mean_for=mean_for))
   updates, opt_state = tx.update(delta, opt_state, theta)
-  return optax.apply_updates(theta, updates), opt_state, merge_lib.global_norm(updates)
+  return optax.apply_updates(theta, updates), opt_state, averaging.global_norm(updates)
 
 
 class Syncer:
@@ -126,7 +126,7 @@ class Syncer:
     self._failed: list[str] = []
     # Moving averages of a learner's step time, the time from a first report to quorum, and a sync.
     self.xi_step, self.xi_quorum, self.xi_sync = (Ema(cfg.ema_decay) for _ in range(3))
-    mean_for = merge_lib.is_embedding if cfg.embed_mean else None
+    mean_for = averaging.is_embedding if cfg.embed_mean else None
     self._delta = jax.jit(outer_delta)
     self._rebuild = jax.jit(lambda base, delta: jax.tree.map(lambda b, d: b - d.astype(b.dtype), base, delta))
     # The deltas (argument 2) are temporaries of this merge.
@@ -208,7 +208,7 @@ class Syncer:
 
   def base(self, report: Report) -> PyTree | None:
     """The Θ the report's learner started from: Θ_base whole, or its mirror Θ̃_m; None once it is gone."""
-    if report.base_mirror == WHOLE:
+    if report.base_mirror == NO_MIRROR:
       return self._history.get(report.base_version)
     return self.mirrors.get(report.learner, report.base_mirror)
 
@@ -237,7 +237,7 @@ class Syncer:
       return rejected
     kept = [reports[i] for i in keep]
     if self.cfg.token_weighting:
-      weights = merge_lib.token_weight(*zip(*(r.trained() for r in kept)))
+      weights = averaging.token_weight(*zip(*(r.trained() for r in kept)))
     else:
       weights = np.ones(len(kept), np.float32)
     # A merge of n of M learners is n/M of a synchronous outer step (outer.scale == "fraction").

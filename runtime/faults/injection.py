@@ -14,8 +14,8 @@ import numpy as np
 from jax.experimental import io_callback
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from runtime import devices as devices_lib
-from runtime import multislice
+from runtime.cluster import devices as devices_lib
+from runtime.cluster import multislice
 from runtime.faults.plan import Fault, program_bug
 
 PyTree = Any

@@ -9,7 +9,7 @@ counted once, as it is sent); cross-region bytes are those on inter-region links
 import dataclasses
 from typing import Sequence
 
-from runtime.config import RunConfig
+from runtime.config.run import RunConfig
 from runtime.network.config import LinksConfig, active, region_of
 
 

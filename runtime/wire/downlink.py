@@ -14,13 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from runtime.diloco import snapshot as snapshot_lib
+from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.wire import codecs
 from runtime.wire import payload as payload_lib
 from runtime.wire.config import CompressionConfig
 
 PyTree = Any
-WHOLE = -1  # the mirror number of a Θ received whole
+NO_MIRROR = -1  # the mirror number of a Θ received whole (no mirror of it is kept)
 
 
 def _host(tree: PyTree) -> PyTree:
@@ -47,7 +47,7 @@ class Mirrors:
 
   def get(self, learner: int, mirror: int) -> PyTree | None:
     """Θ̃ number `mirror` of the learner, or None once a later one replaced it."""
-    number, theta = self._held.get(learner, (WHOLE, None))
+    number, theta = self._held.get(learner, (NO_MIRROR, None))
     return theta if number == mirror else None
 
   def send(self, learner: int, theta: PyTree, base: PyTree) -> tuple[payload_lib.Payload, int]:
@@ -79,11 +79,11 @@ class Downlink:
     self.cfg = cfg
     self.codec: codecs.Codec | None = None
     self.theta: PyTree = None
-    self.key = (WHOLE, 0)
+    self.key = (NO_MIRROR, 0)
 
   def hold(self, theta: PyTree, version: int) -> None:
     """Θ of `version` arrived whole."""
-    self.theta, self.key = _host(theta), (WHOLE, version)
+    self.theta, self.key = _host(theta), (NO_MIRROR, version)
 
   def receive(self, delivery: Any) -> PyTree:
     """The Θ a delivery brings (its mirror, decoded onto what the learner holds); raises CorruptPayload if its bytes

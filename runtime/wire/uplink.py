@@ -12,7 +12,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from runtime.diloco import snapshot as snapshot_lib
+from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.faults import injection
 from runtime.wire import codecs
 from runtime.wire import payload as payload_lib

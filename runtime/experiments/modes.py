@@ -8,10 +8,12 @@ import pathlib
 import ml_collections
 from absl import logging
 
-from runtime import devices as devices_lib
-from runtime import multislice, provenance, summary
-from runtime.config import CHECKPOINT_MODES, RunConfig, from_config_dict, with_mode
-from runtime.experiment import Experiment, RunResult, finish
+from runtime.cluster import devices as devices_lib
+from runtime.cluster import multislice
+from runtime.reporting import provenance
+from runtime.reporting import summary
+from runtime.config.run import CHECKPOINT_MODES, RunConfig, from_config_dict, with_mode
+from runtime.train.harness import Experiment, RunResult, finish
 
 
 def prepare(config: ml_collections.ConfigDict) -> RunConfig:

@@ -10,10 +10,10 @@ from typing import Any, Sequence
 import ml_collections
 
 from models.config import ModelConfig
-from runtime import capacity as capacity_lib
-from runtime import learner_slices
-from runtime.data import SHARD_LAYOUTS
-from runtime import fragments as fragments_lib
+from runtime.config import capacity as capacity_lib
+from runtime.cluster import learner_slices
+from runtime.data.shards import SHARD_LAYOUTS
+from runtime.diloco import fragment_plan
 from runtime.errors import ConfigError, check, check_types
 from runtime.faults import plan as fault_plan, replay as fault_replay
 from runtime.faults.plan import FaultConfig, parse_schedule
@@ -24,7 +24,7 @@ MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
 CHECKPOINT_MODES = ("dp", "decoupled", "diloco_sync")  # modes a killed run resumes from its checkpoints in
 CLOCKS = ("virtual", "real")
 ASSIGNMENTS = ("shards", "service")  # how learners get their data
-BACKENDS = ("local", "pathways")  # "pathways": pathwaysutils.initialize() before JAX starts (runtime/multislice.py)
+BACKENDS = ("local", "pathways")  # "pathways": pathwaysutils.initialize() before JAX starts (runtime/cluster/multislice.py)
 GRACE_KINDS = ("none", "adaptive", "fixed")
 MERGE_METHODS = ("rda", "mean")  # per tensor: radial-directional averaging, or the weighted mean
 RECEIVE_MODES = ("carry", "overwrite", "mix")  # what happens to overlap steps when Θ arrives
@@ -126,10 +126,10 @@ class RunConfig:
   backend: str = "local"  # one of BACKENDS
   learners: int = 4
   slices: int = 0  # 0 = slices_per_learner slices per learner; more leaves spare slices
-  slices_per_learner: int = 1  # k: each learner's round runs data-parallel over k slices (runtime/learner_slices.py)
+  slices_per_learner: int = 1  # k: each learner's round runs data-parallel over k slices (runtime/cluster/learner_slices.py)
   inner_steps: int = 30  # H
   overlap_steps: int = 0  # τ: inner steps a learner keeps training while its report syncs
-  fragments: int = 1  # P: each report carries one of P fragments of the model (runtime/fragments.py)
+  fragments: int = 1  # P: each report carries one of P fragments of the model (runtime/diloco/fragment_plan.py)
   total_steps: int = 300  # per-learner inner steps at full global batch; fixes the token budget
   eval_every: int = 50  # inner steps between evals (DP) / per learner (DiLoCo: rounded to rounds)
   eval_batches: int = 8
@@ -385,6 +385,6 @@ def validate(run: RunConfig) -> None:
   check(o.max_update_ratio > 0, "outer.max_update_ratio", o.max_update_ratio, "a float > 0")
   check(o.divergence_merges >= 1, "outer.divergence_merges", o.divergence_merges, "an integer >= 1")
   fault_plan.validate(run), fault_replay.validate(run)
-  wire_config.validate(run), links_config.validate(run), fragments_lib.validate(run)
+  wire_config.validate(run), links_config.validate(run), fragment_plan.validate(run)
   check(c.latency_s >= 0 and c.merge_seconds >= 0, "clock.latency_s/clock.merge_seconds",
          (c.latency_s, c.merge_seconds), "floats >= 0")

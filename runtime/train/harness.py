@@ -10,12 +10,12 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from runtime import corpus as corpus_lib
-from runtime import data as data_lib
-from runtime import summary
-from runtime.config import RunConfig
-from runtime.metrics import MetricsLogger
-from runtime.programs import make_eval
+from runtime.data import corpus as corpus_lib
+from runtime.data import shards as data_lib
+from runtime.reporting import summary
+from runtime.config.run import RunConfig
+from runtime.reporting.metrics import MetricsLogger
+from runtime.train.programs import make_eval
 
 PyTree = Any
 

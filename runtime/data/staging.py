@@ -13,9 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from runtime import data as data_lib
-
-
+from runtime.data import shards as data_lib
 @dataclasses.dataclass(frozen=True)
 class Staged:
   """One part's batches on their way to the slice, and the data positions it spans."""

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from runtime.metrics import TIME_KINDS
+from runtime.reporting.metrics import TIME_KINDS
 
 RESULTS_FILE = "results.json"  # a job's table as JSON, written last: a workdir that has it holds a finished job
 STATE_COLORS: Mapping[str, str] = {

@@ -4,8 +4,8 @@ or dropped)."""
 
 from typing import Any, Callable, Sequence
 
-from runtime.config import RunConfig
-from runtime.fragments import WHOLE
+from runtime.config.run import RunConfig
+from runtime.diloco.fragment_plan import WHOLE
 from runtime.network import paths as paths_lib
 
 

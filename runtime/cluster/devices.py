@@ -8,7 +8,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from runtime import multislice
+from runtime.cluster import multislice
 from runtime.errors import ConfigError
 
 

@@ -21,12 +21,12 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from runtime import devices as devices_lib
-from runtime import summary
-from runtime.config import RunConfig, with_fields
+from runtime.cluster import devices as devices_lib
+from runtime.reporting import summary
+from runtime.config.run import RunConfig, with_fields
 from runtime.errors import UsageError
-from runtime.experiment import Experiment
-from runtime.modes import prepare, train_one
+from runtime.train.harness import Experiment
+from runtime.experiments.modes import prepare, train_one
 from runtime.sim import config as sim_config_lib
 from runtime.sim import model as sim_model
 from runtime.sim import trace as trace_lib

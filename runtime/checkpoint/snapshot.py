@@ -13,7 +13,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from runtime import tree_transfer
+from runtime.train import tree_transfer
 from runtime.diloco.clock import Event
 from runtime.diloco.messages import Delivery, Report
 from runtime.faults import injection

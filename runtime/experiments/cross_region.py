@@ -17,11 +17,11 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from runtime import summary
-from runtime.config import RunConfig, with_fields, with_mode
+from runtime.reporting import summary
+from runtime.config.run import RunConfig, with_fields, with_mode
 from runtime.errors import UsageError
-from runtime.experiment import Experiment, RunResult
-from runtime.modes import prepare, train_one
+from runtime.train.harness import Experiment, RunResult
+from runtime.experiments.modes import prepare, train_one
 from runtime.network.config import num_regions
 
 UNLIMITED = 1e15  # bytes per second: an inter-region link that costs nothing measurable

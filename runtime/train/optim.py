@@ -6,7 +6,7 @@ from typing import Callable
 import jax
 import optax
 
-from runtime.config import InnerOptConfig
+from runtime.config.run import InnerOptConfig
 
 
 def inner_schedule(cfg: InnerOptConfig, total_steps: int) -> optax.Schedule:

@@ -21,8 +21,14 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from runtime import cli, config_docs, metrics, summary
-from runtime.config import from_config_dict
+from runtime import cli
+
+from runtime.config import docs as config_docs
+
+from runtime.reporting import metrics
+
+from runtime.reporting import summary
+from runtime.config.run import from_config_dict
 from runtime.errors import ConfigError, UsageError
 
 KINDS = ("grid", "list")
@@ -101,7 +107,7 @@ def _typed(old: Any, text: str) -> Any:
         return text
       raise
   if isinstance(old, tuple):
-    return (text,)  # runtime.config parses tuple text
+    return (text,)  # runtime.config.run parses tuple text
   return text.strip("'\"")
 
 

@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 
-from runtime import data as data_lib
+from runtime.data import shards as data_lib
 from runtime.errors import DataError
 
 

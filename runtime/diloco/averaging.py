@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpy.typing import ArrayLike
 
-from runtime.config import MERGE_METHODS
+from runtime.config.run import MERGE_METHODS
 
 PyTree = Any
 

@@ -11,11 +11,11 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from runtime import summary
-from runtime.config import RunConfig, with_fields
+from runtime.reporting import summary
+from runtime.config.run import RunConfig, with_fields
 from runtime.errors import UsageError
-from runtime.experiment import Experiment, RunResult
-from runtime.modes import prepare, train_one
+from runtime.train.harness import Experiment, RunResult
+from runtime.experiments.modes import prepare, train_one
 
 # Each variant overrides the config's fields; the ablations take K=1 + grace and remove one mechanism.
 # "K=M": synchronous; "-x": K=1+grace without mechanism x (token weighting, RDA, carrying the overlap work

@@ -12,12 +12,12 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from runtime import devices as devices_lib
-from runtime import summary
-from runtime.config import RunConfig, with_fields
+from runtime.cluster import devices as devices_lib
+from runtime.reporting import summary
+from runtime.config.run import RunConfig, with_fields
 from runtime.errors import UsageError
-from runtime.experiment import Experiment, RunResult
-from runtime.modes import prepare, train_one
+from runtime.train.harness import Experiment, RunResult
+from runtime.experiments.modes import prepare, train_one
 
 COLUMNS = ("variant", "seeds", "peak_learners", "modeled_s", "t_to_base_loss_s", "speedup", "eval_loss",
            "eval_loss_sd", "vs_base_%", "goodput", "busy_mean", "lent_slice_s")

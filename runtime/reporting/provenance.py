@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-from runtime.config import RunConfig
+from runtime.config.run import RunConfig
 from runtime.errors import UsageError
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "ml-collections", "absl-py", "numpy",

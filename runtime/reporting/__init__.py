@@ -1,0 +1,1 @@
+"""What a run reports: metrics records, summary tables and plots, provenance (run.json)."""
