@@ -72,7 +72,7 @@ class DataService:
       return self._permutations[epoch]
 
 
-class LeasedStream:
+class LeasedStream(data_lib.BatchStream):
   """One learner's batches from the service: batch p is the windows of its serials [p·B, (p+1)·B).
 
   It serves positions like a `ShardIterator` (so the prefetcher and stager work unchanged) but only
@@ -88,10 +88,6 @@ class LeasedStream:
   @property
   def tokens_per_batch(self) -> int:
     return self._batch_size * self._service.seq_len
-
-  @property
-  def position(self) -> int:
-    return self._position
 
   @property
   def leased(self) -> int:
@@ -127,25 +123,11 @@ class LeasedStream:
         self._ready.wait(poll_seconds)
     return False
 
-  def __iter__(self) -> "LeasedStream":
-    return self
-
-  def __next__(self) -> np.ndarray:
-    batch = self.batch_at(self._position)
-    self._position += 1
-    return batch
-
   def batch_at(self, position: int) -> np.ndarray:
     serials = self.serials(position, position + 1)
     if len(serials) < self._batch_size:
       raise DataError(f"learner {self._learner}'s batch {position} is not leased (leased: {self.leased} batches)")
     return self._service.windows(serials)
-
-  def state(self) -> dict[str, int]:
-    return {"position": self._position, **self._settings()}
-
-  def restore(self, state: dict[str, int]) -> None:
-    self._position = data_lib.saved_position(state, self._settings())
 
   def snapshot(self) -> list[int]:
     """The learner's leased serials (its position is the stager's)."""

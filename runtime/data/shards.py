@@ -26,7 +26,43 @@ def shard_bounds(num_tokens: int, num_shards: int, shard_index: int) -> tuple[in
 SHARD_LAYOUTS = ("contiguous", "strided")
 
 
-class ShardIterator:
+class BatchStream:
+  """Batches served by position: `batch_at(p)` is pure, iteration moves the position, a saved position resumes.
+
+  Subclasses define `batch_at` and `_settings` (the settings a saved position is only meaningful under).
+  """
+
+  _position = 0
+
+  def __iter__(self) -> "BatchStream":
+    return self
+
+  def __next__(self) -> np.ndarray:
+    batch = self.batch_at(self._position)
+    self._position += 1
+    return batch
+
+  @property
+  def position(self) -> int:
+    """Number of batches served so far; the next batch is `batch_at(position)`."""
+    return self._position
+
+  def state(self) -> dict[str, int]:
+    """JSON-serializable position plus the settings it is only meaningful under."""
+    return {"position": self._position, **self._settings()}
+
+  def restore(self, state: dict[str, int]) -> None:
+    """Makes the next batch the one at `state["position"]`; recorded settings must match."""
+    self._position = saved_position(state, self._settings())
+
+  def batch_at(self, position: int) -> np.ndarray:
+    raise NotImplementedError
+
+  def _settings(self) -> dict[str, int]:
+    raise NotImplementedError
+
+
+class ShardIterator(BatchStream):
   """Batches [batch_size, seq_len + 1] of int32 from one shard's windows, in seeded epoch order.
 
   The whole stream is cut into disjoint windows of seq_len + 1 tokens (window g is tokens
@@ -64,19 +100,6 @@ class ShardIterator:
     self._position = 0
     self._permutations: dict[int, np.ndarray] = {}
 
-  def __iter__(self) -> "ShardIterator":
-    return self
-
-  def __next__(self) -> np.ndarray:
-    batch = self.batch_at(self._position)
-    self._position += 1
-    return batch
-
-  @property
-  def position(self) -> int:
-    """Number of batches served so far; the next batch is `batch_at(position)`."""
-    return self._position
-
   @property
   def num_windows(self) -> int:
     """Windows in this shard, i.e. the windows one epoch visits."""
@@ -86,14 +109,6 @@ class ShardIterator:
   def tokens_per_batch(self) -> int:
     """Predicted tokens per batch: batch_size * seq_len (a window's first token is no target)."""
     return self._batch_size * self._seq_len
-
-  def state(self) -> dict[str, int]:
-    """JSON-serializable position plus the settings it is only meaningful under."""
-    return {"position": self._position, **self._settings()}
-
-  def restore(self, state: dict[str, int]) -> None:
-    """Makes the next batch the one at `state["position"]`; recorded settings must match."""
-    self._position = saved_position(state, self._settings())
 
   def window_ids(self, position: int) -> np.ndarray:
     """Global window ids (int64, [batch_size]) that batch `position` is made of."""
