@@ -8,7 +8,8 @@ Shows:    one seeded crash trace (each of 4 slices fails on average every 200 mo
           and timeline.png of each learner's state and the merges.
 Runtime:  about 10 minutes on a 2-core laptop (four trainings of the default model).
 Expected: Decoupled DiLoCo keeps the highest goodput and its eval loss stays within a few percent
-          of the failure-free run; see README for the measured table.
+          of the failure-free run.
+Results:  docs/results/chaos.md
 """
 
 from configs import default

@@ -11,10 +11,11 @@ Shows:    learners round-robin over 4 regions (2 each; the syncer in region 0), 
 Runtime:  63 minutes measured on 2 cores beside other jobs (57 runs: 7 variants at unlimited, 1e6, 1e5, 5e4, 3e4
           and 1e3 B/s, then 5 compressions × 3 seeds; a tiny model, 90 steps' worth of tokens, virtual time).
           Larger: --config.total_steps=600 --config.model.size=small, more --bandwidths; fewer: --variants, --seeds.
-Expected: the README's cross-region tables (every number there comes from this command) and issue 12's targets,
-          printed as met or MISSED: int4 both ways within 0.2% of fp32's loss at 99.3× fewer cross-region bytes
-          than DP; top-k both ways 1,221× but 34% worse; at 3e4 B/s (DP 18.6× slower) int4 both ways 1.089× its
-          unlimited time at busy 0.975 while sync DiLoCo without overlap drops to 0.489.
+Expected: the tables of docs/results/cross_region.md (every number there comes from this command) and the
+          experiment's targets, printed as met or MISSED: int4 both ways within 0.2% of fp32's loss at 99.3× fewer
+          cross-region bytes than DP; top-k both ways 1,221× but 34% worse; at 3e4 B/s (DP 18.6× slower) int4 both
+          ways 1.089× its unlimited time at busy 0.975 while sync DiLoCo without overlap drops to 0.489.
+Results:  docs/results/cross_region.md; the fragments sweep on this config: docs/results/fragments.md
 """
 
 from configs import default

@@ -4,8 +4,9 @@ Command:  python -m launch.train --config=configs/default.py --workdir=workdirs/
 Shows:    the single controller running 4 asynchronous learners on the standard library's own
           sources, merging with token-weighted RDA and outer Nesterov, in reproducible virtual time.
 Runtime:  about 2-4 minutes on a 2-core laptop (2m00s measured, host shared with another run).
-Expected: eval loss of Θ falls from ~5.5 nats/byte (uniform) to about 1.87 (1.872 measured, see
-          README); summary table, metrics.jsonl, TensorBoard events and loss.png in workdir.
+Expected: eval loss of Θ falls from ~5.5 nats/byte (uniform) to about 1.87 (1.872 measured); summary
+          table, metrics.jsonl, TensorBoard events and loss.png in workdir.
+Results:  docs/results/quality.md
 """
 
 import ml_collections
@@ -21,7 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Simulated CPU devices the controller owns (ignored on real accelerators).
   config.num_devices = 8
   # JAX backend: "local" (this process's devices) or "pathways" (runs pathwaysutils.initialize() first: the
-  # Pathways proxy backend, with JAX_PLATFORMS=proxy; needs the `pathways` extra). See README, "Multislice TPU".
+  # Pathways proxy backend, with JAX_PLATFORMS=proxy; needs the `pathways` extra). See docs/multislice.md.
   config.backend = "local"
   # M: independent learners, slices_per_learner slices each.
   config.learners = 4

@@ -6,6 +6,7 @@ Runtime:  about 3-4 minutes on a 2-core laptop.
 Expected: with equal learner speeds, the same eval loss as the default Decoupled run (every merge
           has all 4 learners either way); with --config.clock.speeds='(1,1,1,2)' the fast learners
           idle about half the time.
+Results:  docs/results/quality.md
 """
 
 from configs import default

@@ -17,6 +17,7 @@ Variants by override: --config.mtbi_years=0.5, --config.repair_s=3600, --config.
   --config.learner_recovery=restart, --config.spare_fraction=0, --config.calibrate=True (refits restart_s
   and reconfig_s). --trace=PATH [--trace_setup='Decoupled M=4' --trace_chips=4096 --trace_seed=0] writes
   the failure trace one seed drew for one setup as JSON instead (runtime/sim/trace.py).
+Results: docs/results/goodput.md
 """
 
 import ml_collections

@@ -4,10 +4,12 @@ Command:  python -m launch.heterogeneity --config=configs/heterogeneity.py --wor
 Shows:    8 learners whose step times differ by 18% (4 at 1.0×, 4 at 1.18×) plus 10% per-step jitter, at equal
           tokens: K=8 (synchronous), K=1, and K=1 with the adaptive grace window, over 3 seeds; then the
           ablations of K=1 + grace (no token weighting, plain mean instead of RDA, overlap work overwritten,
-          no overlap) and α-mixing instead of carrying the overlap work. One table (goodput, busy fraction, learners per merge, eval loss mean ± sd), one plot.
+          no overlap) and α-mixing instead of carrying the overlap work. One table (goodput, busy fraction,
+          learners per merge, eval loss mean ± sd), one plot.
 Runtime:  about 30 minutes on 2 cores (8 variants × 3 seeds of a tiny model; virtual time, so the host's
           speed does not move the numbers; --variants and --seeds pick a subset).
-Expected: the README's heterogeneity table (every number there comes from this command).
+Expected: the heterogeneity table (every number there comes from this command).
+Results:  docs/results/heterogeneity.md
 """
 
 from configs import default

@@ -7,7 +7,8 @@ Shows:    Decoupled DiLoCo (K=1, H=30, τ=2) with 4 learners, and the same run w
           run's final eval loss, eval loss at equal tokens, goodput. One table, one plot.
 Runtime:  about 20 minutes on 2 cores (9 runs of a tiny model in virtual time: the host's speed does not move
           the numbers; --seeds and --growth pick a subset).
-Expected: the README's scavenging table (every number there comes from this command).
+Expected: the scavenging table (every number there comes from this command).
+Results:  docs/results/scavenging.md
 """
 
 from configs import default

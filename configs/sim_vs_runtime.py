@@ -7,7 +7,8 @@ Shows:    for data-parallel (restarts from checkpoints, one hot spare), elastic 
           token budget, and the simulator's goodput on that trace (and its 95% range over 200 traces) is printed
           beside the runtime's.
 Runtime:  about 7 minutes on 2 cores (12 runs of a tiny model).
-Expected: the README's "simulator vs runtime" table (every number there comes from this command).
+Expected: the simulator-vs-runtime table (every number there comes from this command).
+Results:  docs/results/sim_vs_runtime.md
 """
 
 from configs import default

@@ -4,6 +4,7 @@ Command:  python -m launch.train --config=configs/smoke.py --workdir=/tmp/smoke
 Shows:    4 learners on 8 simulated CPU devices, K=1 merges with RDA, evals of Θ, JSONL/TB/plot.
 Runtime:  under ~30 s on 2 cores (mostly compilation).
 Expected: eval loss falls from ~5.5 (uniform over 256 bytes) to below ~4 in 60 steps.
+Results:  docs/results/asynchrony.md (this config at 120 steps, with four learner speeds)
 """
 
 from configs import default

@@ -4,9 +4,10 @@ Command:  python -m launch.bench_startup
 Shows:    start-up time and XLA compilations of Decoupled DiLoCo with M = 4, 16 and 32 learners (one simulated CPU
           device per slice) with the persistent compilation cache cold and warm, the controller's CPU time per
           learner round (target <= 2 ms at M=32), and what a cache key without the device assignment would save.
-Runtime:  about 11 minutes on 2 cores, most of it the cold compiles at M=32 (see README, Benchmarks).
+Runtime:  about 11 minutes on 2 cores, most of it the cold compiles at M=32.
 Expected: every slice compiles its own round program when the cache is cold (one per slice, ~5 s each here); a warm
           cache loads them all; the shared key compiles one and ends in the same Θ.
+Results:  docs/results/startup.md
 """
 
 from configs import default

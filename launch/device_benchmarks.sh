@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator checks, as one script (README "On an accelerator"): run from the repository root on a
+# The accelerator checks, as one script (results: docs/results/accelerator.md): run from the repository root on a
 # machine with one or more GPUs/TPUs. Writes its logs to ${OUT:-/tmp/device_benchmarks}.
 #  1. the syncer stays on the host CPU while the accelerator is the default device (tests/test_syncer.py);
 #  2. real-clock Decoupled DiLoCo vs DP vs the learners' round programs by hand, on the accelerator(s),
