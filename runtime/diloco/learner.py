@@ -1,11 +1,12 @@
 """A learner: one slice's mesh, data shard, parameters and inner AdamW state, and its rounds.
 
 A round is the learner's work between two receipts of Θ: H inner steps (H/P with P fragments, each report then
-carrying one fragment: runtime/diloco/fragment_plan.py), dispatched as a main part of H − τ steps that ends in a report, and
-an overlap part of τ steps that trains while the report syncs. Θ of one fragment replaces (carry, mix, overwrite)
-that fragment's tensors only: the others keep their local progress; Θ whole replaces them all.
-The learner keeps its own bookkeeping (tokens and steps since Θ, where its data stands, what it has
-reported); the controller only asks it to dispatch, collect, report, adopt Θ, fail and rejoin.
+carrying one fragment: runtime/diloco/fragment_plan.py), dispatched as a main part of H − τ steps that ends in a
+report, and an overlap part of τ steps that trains while the report syncs. Θ of one fragment replaces (carry, mix,
+overwrite) that fragment's tensors only: the others keep their local progress; Θ whole replaces them all.
+The learner keeps its own bookkeeping in its book (runtime/diloco/learner_book.py: tokens and steps since Θ, where
+its data stands, what it has reported) and its device state itself; the controller only asks it to dispatch,
+collect, report, adopt Θ, fail and rejoin.
 """
 
 from typing import Any
@@ -14,7 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from runtime.data import shards as data_lib
 from runtime.checkpoint import snapshot as snapshot_lib
@@ -26,6 +26,7 @@ from runtime.diloco import receive as receive_lib
 from runtime.diloco.fragment_trees import LearnerFragments
 from runtime.diloco.learner_book import ABSENT, DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING, LearnerBook
 from runtime.diloco.messages import Delivery, Failure, Report, RoundPart
+from runtime.diloco.part_snapshot import pack_before, pack_part, unpack_before, unpack_part
 from runtime.faults import injection
 from runtime.diloco.fragment_plan import WHOLE
 from runtime.train.programs import TrainState, schedule_to
@@ -67,23 +68,14 @@ class Learner:
     self.uplink = Uplink(run.compression) if run.compression.up != "none" else None  # compressed reports
     self.downlink = Downlink(run.compression) if run.compression.down != "none" else None  # compressed Θ
 
-  # What the controller reads of its book (and, for a joining learner, sets: where its inner schedule stands) ------
-
-  @property
-  def status(self) -> str:
-    return self.book.status
-
-  @property
-  def round(self) -> int:
-    return self.book.round
-
-  @property
-  def base_version(self) -> int:
-    return self.book.base_version
-
-  @property
-  def tokens(self) -> int:
-    return self.book.tokens
+  # The book's figures that the controller reads (see LearnerBook), and where a joining learner's schedule stands
+  status = property(lambda self: self.book.status)
+  round = property(lambda self: self.book.round)
+  base_version = property(lambda self: self.book.base_version)
+  tokens = property(lambda self: self.book.tokens)
+  reports_out = property(lambda self: self.book.reports_out)
+  completions = property(lambda self: self.book.completions)
+  intervals = property(lambda self: self.book.intervals)
 
   @property
   def total_steps(self) -> int:
@@ -92,18 +84,6 @@ class Learner:
   @total_steps.setter
   def total_steps(self, steps: int) -> None:
     self.book.total_steps = steps
-
-  @property
-  def reports_out(self) -> int:
-    return self.book.reports_out
-
-  @property
-  def completions(self) -> list[tuple[float, int]]:
-    return self.book.completions
-
-  @property
-  def intervals(self) -> list[tuple[str, float, float, str]]:
-    return self.book.intervals
 
   # Placement ---------------------------------------------------------------------------------------
 
@@ -365,17 +345,12 @@ class Learner:
     group = f"learner{self.index}"
     lost = self.book.status in self.STATE_LOST or self.state is None
     state = None if lost else snapshot_lib.copied(self.state)
-    part, before = self.inflight, self._before_part
-    return dict(
+    return dict(  # (the trees packed in this order: their arrays' keys are numbered as they come)
         self.book.snapshot(), fragments=self.fragments.snapshot(), slice_index=self.slice_index,
-        slices=list(self.slices), data=self._data.position, before=None if before is None else dict(
-            state=packer.tree(before[0], "train", f"{group}.before"), data=before[1]),
+        slices=list(self.slices), data=self._data.position, before=pack_before(self._before_part, packer, group),
         leases=None if self.leased is None else self.leased.snapshot(), state=packer.tree(state, "train", group),
         inbox=packer.value(self.inbox), at_report=packer.tree(self._at_report, "params", group),
-        inflight=None if part is None else dict(
-            kind=part.kind, steps=part.steps, tokens=part.tokens, started_at=part.started_at,
-            modeled_seconds=part.modeled_seconds, metrics=packer.tree(part.metrics, "dict", group),
-            failure=part.failure),
+        inflight=pack_part(self.inflight, packer, group),
         uplink=self.uplink.snapshot(packer, group) if self.uplink and state is not None else None,  # else reset with Θ
         downlink=self.downlink.snapshot(packer, group) if self.downlink and state is not None else None)
 
@@ -391,7 +366,7 @@ class Learner:
     self.inbox = unpacker.value(saved["inbox"])
     group = f"learner{self.index}"
     failure = unpacker.failed.get(group, "")  # its program failed before the snapshot could copy its state
-    self.state = self._at_report = self._before_part = None
+    self.state = self._at_report = None
     kept, before = saved["state"] is not None and not failure, saved["before"]
     like = self._init(tree_transfer.copy_to(theta_host, self.param_sharding), 0) if kept or before else None
     if kept:
@@ -402,15 +377,8 @@ class Learner:
         self.uplink.restore(saved.get("uplink"), unpacker, snapshot_lib.like(like.params), group)
       if self.downlink:
         self.downlink.restore(saved.get("downlink"), unpacker)
-    if before is not None:  # the state before the part in flight (kept by a learner that reconfigures)
-      self._before_part = (unpacker.tree(before["state"], snapshot_lib.like(like), f"{group}.before"), before["data"])
-    part = saved["inflight"]
-    if part is not None:
-      replicated = NamedSharding(self.mesh, P())
-      failure = part["failure"] or failure
-      metrics = None if failure else unpacker.tree(part["metrics"], lambda x, _: jax.device_put(x, replicated), group)
-      self.inflight = RoundPart(part["kind"], part["steps"], part["tokens"], part["started_at"],
-                                part["modeled_seconds"], self.state, metrics, failure=failure)
+    self._before_part = unpack_before(before, unpacker, group, like)
+    self.inflight = unpack_part(saved["inflight"], unpacker, group, self.state, self.mesh, failure)
 
   def close(self) -> None:
     self._data.close()
