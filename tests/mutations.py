@@ -37,7 +37,7 @@ MUTATIONS = {
         "tests/test_dp.py::test_elastic_dp_pays_a_reconfiguration_to_drop_and_to_readd_the_slice"),
     "overlap_overwritten_without_rewind": (
         "runtime/diloco/learner.py",
-        "      self._data.restore(self._reported_position)  # overlap steps were overwritten: serve their data again\n",
+        "      self._data.restore(self.book.reported_position)  # overlap steps were overwritten: serve their data again\n",
         "", "tests/test_overlap.py::test_overwrite_still_trains_the_overlap_data_again_as_an_ablation"),
     "overlap_progress_dropped": (
         "runtime/diloco/learner.py", "      theta = receive_lib.carry(theta, self.state.params, self._at_report)\n",

@@ -1,6 +1,7 @@
 """A learner on its own slice: rounds, reports, adopting Θ, failing and rejoining."""
 
 import dataclasses
+import json
 
 import jax
 import numpy as np
@@ -9,12 +10,14 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
+from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.cluster import devices as devices_lib
 from runtime.experiments import modes
 from runtime.diloco.learner import DOWN, TRAINING, WAITING, Learner
 from runtime.diloco.messages import Delivery
 from runtime.train.harness import Experiment
 from runtime.train.optim import inner_optimizer
+from test_learner_book import KEYS_BEFORE_THE_BOOK
 
 
 @pytest.fixture
@@ -154,3 +157,27 @@ def test_mixing_never_mixes_in_work_whose_data_is_trained_again(setup):
   assert learner.deliver(Delivery(0, theta, round=1, rewind_to=report.data_start))
   learner.adopt(3.0)
   _trees_equal(learner.state.params, theta)
+
+
+def test_a_snapshot_restores_into_a_fresh_learner_its_book_state_and_part_in_flight(setup):
+  run, learner, host, theta, devices = setup
+  _part(learner, "main", 3, 0.0)
+  learner.report_sent(learner.report(3.0, host))
+  learner.dispatch("overlap", 1, 3.0, 1.0)
+  treedefs = dict(params=jax.tree.structure(theta), train=jax.tree.structure(learner.state))
+  packer = snapshot_lib.Packer((), treedefs)
+  saved = json.loads(json.dumps(learner.snapshot(packer)))  # (as the controller's checkpoint copies it)
+  device_keys = {"fragments", "slice_index", "slices", "data", "before", "leases", "state", "inbox", "at_report",
+                 "inflight", "uplink", "downlink"}
+  assert set(saved) == KEYS_BEFORE_THE_BOOK | device_keys  # checkpoints written before the book load
+  unpacker = snapshot_lib.Unpacker(*snapshot_lib.fetch(packer.groups), (), treedefs, host)
+  fresh = Learner(0, 0, devices, run, Experiment(run).shard(0, 1, run.data.batch_size), inner_optimizer(run.inner, 100))
+  try:
+    fresh.restore(saved, unpacker, theta)
+    assert json.dumps(fresh.book.snapshot()) == json.dumps(learner.book.snapshot())
+    assert (fresh.collect(4.0).steps, fresh.book.tokens) == (1, 4 * 16 * 32)
+    learner.collect(4.0)
+    _trees_equal(fresh.state.params, learner.state.params)
+    assert json.dumps(fresh.book.snapshot()) == json.dumps(learner.book.snapshot())  # (NaN too)
+  finally:
+    fresh.close()

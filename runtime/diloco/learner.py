@@ -1,11 +1,12 @@
 """A learner: one slice's mesh, data shard, parameters and inner AdamW state, and its rounds.
 
 A round is the learner's work between two receipts of Θ: H inner steps (H/P with P fragments, each report then
-carrying one fragment: runtime/diloco/fragment_plan.py), dispatched as a main part of H − τ steps that ends in a report, and
-an overlap part of τ steps that trains while the report syncs. Θ of one fragment replaces (carry, mix, overwrite)
-that fragment's tensors only: the others keep their local progress; Θ whole replaces them all.
-The learner keeps its own bookkeeping (tokens and steps since Θ, where its data stands, what it has
-reported); the controller only asks it to dispatch, collect, report, adopt Θ, fail and rejoin.
+carrying one fragment: runtime/diloco/fragment_plan.py), dispatched as a main part of H − τ steps that ends in a
+report, and an overlap part of τ steps that trains while the report syncs. Θ of one fragment replaces (carry, mix,
+overwrite) that fragment's tensors only: the others keep their local progress; Θ whole replaces them all.
+The learner keeps its own bookkeeping in its book (runtime/diloco/learner_book.py: tokens and steps since Θ, where
+its data stands, what it has reported) and its device state itself; the controller only asks it to dispatch,
+collect, report, adopt Θ, fail and rejoin.
 """
 
 from typing import Any
@@ -16,14 +17,16 @@ import numpy as np
 import optax
 
 from runtime.data import shards as data_lib
+from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.train import tree_transfer
 from runtime.config.run import RunConfig
 from runtime.data.service import LeasedStream
 from runtime.diloco import placement as placement_lib
 from runtime.diloco import receive as receive_lib
 from runtime.diloco.fragment_trees import LearnerFragments
-from runtime.diloco.learner_snapshot import LearnerSnapshots
+from runtime.diloco.learner_book import ABSENT, DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING, LearnerBook
 from runtime.diloco.messages import Delivery, Failure, Report, RoundPart
+from runtime.diloco.part_snapshot import pack_before, pack_part, unpack_before, unpack_part
 from runtime.faults import injection
 from runtime.diloco.fragment_plan import WHOLE
 from runtime.train.programs import TrainState, schedule_to
@@ -32,14 +35,11 @@ from runtime.wire.downlink import Downlink
 from runtime.wire.uplink import Uplink
 
 PyTree = Any
-
-TRAINING, WAITING, DOWN, DONE = "training", "waiting", "down", "done"
-ABSENT = "absent"  # a learner of lent capacity while it has no slice (not yet lent, or reclaimed)
-FAILED = "failed"  # stopped for good by a program error that is no lost slice: never retried
-RECONFIGURING = "reconfiguring"  # a learner of several slices moving onto fewer or more of them (it keeps its state)
+# The statuses are the book's; the controller's modules import them from here, with the learner.
+__all__ = ["ABSENT", "DONE", "DOWN", "FAILED", "RECONFIGURING", "TRAINING", "WAITING", "Learner"]
 
 
-class Learner(LearnerSnapshots):
+class Learner:
   """Owns one slice (or several); all device work is dispatched asynchronously and awaited only in `collect`."""
 
   STATE_LOST = (DOWN, FAILED)  # statuses whose device state is gone (a checkpoint saves none)
@@ -58,34 +58,32 @@ class Learner(LearnerSnapshots):
     self.slices, self.slice_index = (), -1  # the slices it trains on (none while it has none), and the first
     if slice_index != -1:
       self.move_to(slice_index, devices)
+    self.book = LearnerBook(round_start=self._data.position, reported_position=self._data.position)
     self.state: TrainState | None = None
-    self.status = WAITING
     self.inflight: RoundPart | None = None
     self.inbox: Delivery | None = None  # received but not yet adopted (the learner was busy)
-    self.tokens = 0  # since the last report's data ends (Θ's receipt, or the start of carried overlap work)
-    self.steps = 0
-    self.round = 0  # counts receipts of Θ; a report and its answer carry it
-    self.base_version = 0
-    self.total_steps = 0  # inner steps ever trained: drives the inner schedule and step-scheduled crashes
-    self.total_tokens = 0
     self.fragments = LearnerFragments(run.fragments)
-    self.busy_seconds = 0.0
-    self.last_loss = float("nan")
-    self.reports_out = 0  # reports sent and not yet merged or quarantined
-    self.completions: list[tuple[float, int]] = []  # (time, inner steps) of every finished part
-    self.intervals: list[tuple[str, float, float, str]] = []
-    self._unreported_busy = 0.0  # busy seconds of the parts collected since the last report
-    self._reported_tokens = self._reported_steps = 0  # what of this round went into a report
     self._at_report: Any = None  # θ on the slice when the last report was taken (receive == "carry")
     self._before_part: tuple | None = None  # (state, data position) before the part in flight, if it keeps them
-    self._round_start: dict = self._data.position  # data position when Θ was last received
-    self._reported_position: dict = self._round_start  # data position at the end of the last report
-    self._corrupt_next = ""  # fault injection: corrupt the next report ("nan", "inf", "huge")
-    self._finished_at = float("nan")
-    self._state_since = 0.0
-    self._absent_seconds = 0.0  # time without a slice of lent capacity (not counted in its busy fraction)
     self.uplink = Uplink(run.compression) if run.compression.up != "none" else None  # compressed reports
     self.downlink = Downlink(run.compression) if run.compression.down != "none" else None  # compressed Θ
+
+  # The book's figures that the controller reads (see LearnerBook), and where a joining learner's schedule stands
+  status = property(lambda self: self.book.status)
+  round = property(lambda self: self.book.round)
+  base_version = property(lambda self: self.book.base_version)
+  tokens = property(lambda self: self.book.tokens)
+  reports_out = property(lambda self: self.book.reports_out)
+  completions = property(lambda self: self.book.completions)
+  intervals = property(lambda self: self.book.intervals)
+
+  @property
+  def total_steps(self) -> int:
+    return self.book.total_steps
+
+  @total_steps.setter
+  def total_steps(self, steps: int) -> None:
+    self.book.total_steps = steps
 
   # Placement ---------------------------------------------------------------------------------------
 
@@ -116,7 +114,7 @@ class Learner(LearnerSnapshots):
       self.downlink.hold(theta_host, version)
     if self.uplink:
       self.uplink.start(params)
-    self.state = self._init(params, self.total_steps)
+    self.state = self._init(params, self.book.total_steps)
     self._new_round(version, now)
 
   # Rounds -----------------------------------------------------------------------------------------
@@ -160,14 +158,7 @@ class Learner(LearnerSnapshots):
     loss_H = np.asarray(jax.device_get(part.metrics["loss"]))
     self.inflight = self._before_part = None
     busy = part.modeled_seconds if part.modeled_seconds else now - part.started_at
-    self.tokens += part.tokens
-    self.steps += part.steps
-    self.total_steps += part.steps
-    self.total_tokens += part.tokens
-    self.busy_seconds += busy
-    self._unreported_busy += busy * len(self.slices)  # slice time
-    self.last_loss = float(loss_H.mean())
-    self.completions.append((now, part.steps))
+    self.book.collected(part.steps, part.tokens, busy, len(self.slices), float(loss_H.mean()), now)
     return part
 
   def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
@@ -178,12 +169,13 @@ class Learner(LearnerSnapshots):
   # Reports and Θ ----------------------------------------------------------------------------------
 
   def corrupt_next_report(self, how: str) -> None:
-    self._corrupt_next = how
+    self.book.corrupt_next = how
 
   def report(self, now: float, host_sharding: jax.sharding.Sharding) -> Report:
     """θ_m (its next fragment's tensors) and what it was trained on since Θ, copied onto the syncer's host device."""
-    how, self._corrupt_next = self._corrupt_next, ""
-    fields = self.fragments.report(self.base_version, self.total_tokens, self.total_steps)
+    book = self.book
+    how, book.corrupt_next = book.corrupt_next, ""
+    fields = self.fragments.report(book.base_version, book.total_tokens, book.total_steps)
     local = self.fragments.part(self.state.params, fields.get("fragment", 0))
     payload = self.uplink.encode(local, how) if self.uplink else None  # quantized on the slice
     params = None if payload else tree_transfer.copy_to(local, host_sharding)
@@ -191,34 +183,30 @@ class Learner(LearnerSnapshots):
       self._at_report = tree_transfer.fresh_copy(local)  # the next round donates the state's buffers
     if how and not payload:
       params = injection.corrupt(params, how)
-    return Report(self.index, params, self.tokens, self.steps, loss=self.last_loss, sent_at=now, **fields,
-                  data_start=self._round_start, data_end=self._data.position, busy_seconds=self._unreported_busy,
-                  round=self.round, total_steps=self.total_steps, payload=payload,
+    return Report(self.index, params, book.tokens, book.steps, loss=book.last_loss, sent_at=now, **fields,
+                  data_start=book.round_start, data_end=self._data.position, busy_seconds=book.unreported_busy,
+                  round=book.round, total_steps=book.total_steps, payload=payload,
                   base_mirror=self.downlink.key[0] if self.downlink else -1)
 
   def live_versions(self) -> tuple[int, ...]:
     """The Θ versions it works from: its base, or each fragment's."""
-    return (self.base_version,) if self.fragments.num == 1 else tuple(self.fragments.versions)
+    return (self.book.base_version,) if self.fragments.num == 1 else tuple(self.fragments.versions)
 
   def owed_fragment(self) -> int:
     """The fragment of its outstanding report, or of the report it trains toward."""
-    return self.fragments.owed(self.reports_out)
+    return self.fragments.owed(self.book.reports_out)
 
   def report_sent(self, report: Report) -> None:
     """The report is on its way: its data counts as reported until the syncer answers."""
-    self._reported_position, self._reported_tokens, self._reported_steps = report.data_end, report.tokens, report.steps
-    self._unreported_busy = 0.0
-    self.reports_out += 1
+    self.book.sent(report)
 
   def report_settled(self, report: Report, merged: bool) -> None:
     """The syncer merged or quarantined the report; a quarantined report's data is trained again."""
-    self.reports_out -= 1
-    if not merged and report.round == self.round:
-      self._reported_position = report.data_start  # its data is trained again, even after a crash
+    self.book.settled(report, merged)
 
   def deliver(self, delivery: Delivery) -> bool:
     """Keeps Θ for adoption unless the learner is down or has moved past the round it answers."""
-    if self.status in (DOWN, ABSENT, FAILED) or delivery.round != self.round:
+    if self.book.status in (DOWN, ABSENT, FAILED) or delivery.round != self.book.round:
       return False
     self.inbox = delivery
     return True
@@ -234,7 +222,7 @@ class Learner(LearnerSnapshots):
     if delivery.fragment != WHOLE:
       return self._adopt_fragment(delivery, now)
     theta_host = self.downlink.receive(delivery) if self.downlink else delivery.params  # may raise CorruptPayload
-    unreported = self.tokens - self._reported_tokens  # overlap steps after the report
+    unreported = self.book.unreported_tokens()  # overlap steps after the report
     keep = bool(unreported) and receive != "overwrite" and delivery.rewind_to is None and not delivery.reset
     keep = keep and self.fragments.num == 1  # (with fragments, Θ comes whole only to start afresh from it)
     written_off = 0
@@ -242,7 +230,7 @@ class Learner(LearnerSnapshots):
       self._data.restore(delivery.rewind_to)
       written_off = unreported
     elif unreported and not keep:
-      self._data.restore(self._reported_position)  # overlap steps were overwritten: serve their data again
+      self._data.restore(self.book.reported_position)  # overlap steps were overwritten: serve their data again
       written_off = unreported
     if delivery.reset:
       self.reset(delivery.params, delivery.version, now)
@@ -275,19 +263,9 @@ class Learner(LearnerSnapshots):
   def _new_round(self, version: int, now: float, carried: bool = False, fragment: int = WHOLE) -> None:
     """Θ (of `fragment`) was adopted; carried overlap work (its tokens, steps, slice time and data) opens the new
     round."""
-    self.fragments.received(fragment, version, self.total_tokens, self.total_steps)
-    self.round += 1
-    if carried:
-      self.tokens -= self._reported_tokens
-      self.steps -= self._reported_steps
-      self._round_start = self._reported_position
-    else:
-      self.tokens = self.steps = 0
-      self._unreported_busy = 0.0
-      self._round_start = self._data.position
-    self._reported_tokens = self._reported_steps = 0
+    self.fragments.received(fragment, version, self.book.total_tokens, self.book.total_steps)
+    self.book.new_round(version, self._data.position, carried)
     self._at_report = None
-    self.base_version = version
     self.inbox = None
     self.set_status(WAITING, now)
 
@@ -299,7 +277,7 @@ class Learner(LearnerSnapshots):
     detail = self._await_inflight(now)
     part, self.inflight = self.inflight, None
     lost = part.tokens if part else 0
-    failure = Failure(self.slice_index, detail, lost + self.tokens - self._reported_tokens, self._unreported_busy)
+    failure = Failure(self.slice_index, detail, lost + self.book.unreported_tokens(), self.book.unreported_busy)
     self.inbox = self._before_part = None
     self.set_status(status, now)
     self.slices, self.slice_index = (), -1
@@ -330,49 +308,77 @@ class Learner(LearnerSnapshots):
 
   def leave(self, now: float) -> Failure:
     """Its lent slice is reclaimed: its unreported work is lost as in a failure, and it leaves the run."""
-    booked = self.status in (DOWN, FAILED)  # its loss is booked already
+    booked = self.book.status in (DOWN, FAILED)  # its loss is booked already
     failure = Failure(-1, "", 0, 0.0) if booked else self.fail(now)
     self.state = None
     self.give_back_unreported()
-    if self.status != FAILED:  # a learner stopped by a program error is never lent a slice again
+    if self.book.status != FAILED:  # a learner stopped by a program error is never lent a slice again
       self.set_status(ABSENT, now)
     return failure
 
   def give_back_unreported(self) -> None:
     """The data it leased after its last report goes back to the service (a learner that left for good)."""
     if self.leased is not None:
-      self.leased.give_back_from(self._reported_position["position"])
-      self._data.restore(self._reported_position)  # drops what was staged or prefetched from those leases
+      self.leased.give_back_from(self.book.reported_position["position"])
+      self._data.restore(self.book.reported_position)  # drops what was staged or prefetched from those leases
 
   def rejoin(self, slice_index: int, devices: list[jax.Device], theta_host: PyTree, version: int,
              now: float) -> None:
     """Back on a healthy slice: Θ, fresh inner state, data from the end of its last report."""
     if slice_index != self.slice_index:
       self.move_to(slice_index, devices)
-    self._data.restore(self._reported_position)
+    self._data.restore(self.book.reported_position)
     self.reset(theta_host, version, now)
 
-  # Bookkeeping ------------------------------------------------------------------------------------
+  # Status and checkpoint -------------------------------------------------------------------------
 
   def busy_fraction(self, now: float) -> float:
-    """Share of the learner's active span spent training: from the start to now, or, once it is done, to the end
-    of its last inner step (the final sync of its last report is no training time to fill)."""
-    span = (self._finished_at if self.status == DONE else now) - self._absent_seconds
-    span -= now - self._state_since if self.status == ABSENT else 0.0
-    return self.busy_seconds / span if span > 0 else 1.0
+    """Share of its active span spent training (see `LearnerBook.busy_fraction`)."""
+    return self.book.busy_fraction(now)
 
   def set_status(self, status: str, now: float) -> None:
     """Moves to `status`, closing the timeline interval of the previous one."""
-    if status == self.status == DONE:
-      return
-    if status == DONE:  # a learner still down (or stopped) at the end stays charged with that time; one absent is not
-      self._finished_at = (self._state_since if self.status == ABSENT else self.completions[-1][0]
-                           if self.completions and self.status not in (DOWN, FAILED) else now)
-    elif self.status == ABSENT:
-      self._absent_seconds += now - self._state_since
-    if now > self._state_since and self.status != DONE:
-      self.intervals.append((f"learner {self.index}", self._state_since, now, self.status))
-    self.status, self._state_since = status, now
+    self.book.set_status(f"learner {self.index}", status, now)
+
+  def snapshot(self, packer: snapshot_lib.Packer) -> dict:
+    """Everything that decides the learner's future; its device state is copied (the next round donates it)."""
+    group = f"learner{self.index}"
+    lost = self.book.status in self.STATE_LOST or self.state is None
+    state = None if lost else snapshot_lib.copied(self.state)
+    return dict(  # (the trees packed in this order: their arrays' keys are numbered as they come)
+        self.book.snapshot(), fragments=self.fragments.snapshot(), slice_index=self.slice_index,
+        slices=list(self.slices), data=self._data.position, before=pack_before(self._before_part, packer, group),
+        leases=None if self.leased is None else self.leased.snapshot(), state=packer.tree(state, "train", group),
+        inbox=packer.value(self.inbox), at_report=packer.tree(self._at_report, "params", group),
+        inflight=pack_part(self.inflight, packer, group),
+        uplink=self.uplink.snapshot(packer, group) if self.uplink and state is not None else None,  # else reset with Θ
+        downlink=self.downlink.snapshot(packer, group) if self.downlink and state is not None else None)
+
+  def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker, theta_host: PyTree) -> None:
+    """The learner as `snapshot` saw it (the controller has moved it to its slice first)."""
+    self.book = LearnerBook.restored(saved)
+    self.slices, self.slice_index = tuple(saved["slices"]), saved["slice_index"]
+    self.fragments.bind(theta_host)
+    self.fragments.restore(saved.get("fragments"))
+    if self.leased is not None:
+      self.leased.restore_leases(saved["leases"])
+    self._data.restore(saved["data"])
+    self.inbox = unpacker.value(saved["inbox"])
+    group = f"learner{self.index}"
+    failure = unpacker.failed.get(group, "")  # its program failed before the snapshot could copy its state
+    self.state = self._at_report = None
+    kept, before = saved["state"] is not None and not failure, saved["before"]
+    like = self._init(tree_transfer.copy_to(theta_host, self.param_sharding), 0) if kept or before else None
+    if kept:
+      self.state = unpacker.tree(saved["state"], snapshot_lib.like(like), where=group)
+      at_report = self.fragments.part(like.params, self.fragments.last())  # (its last report's fragment)
+      self._at_report = unpacker.tree(saved["at_report"], snapshot_lib.like(at_report), where=group)
+      if self.uplink:
+        self.uplink.restore(saved.get("uplink"), unpacker, snapshot_lib.like(like.params), group)
+      if self.downlink:
+        self.downlink.restore(saved.get("downlink"), unpacker)
+    self._before_part = unpack_before(before, unpacker, group, like)
+    self.inflight = unpack_part(saved["inflight"], unpacker, group, self.state, self.mesh, failure)
 
   def close(self) -> None:
     self._data.close()
