@@ -23,7 +23,7 @@ from runtime.cluster import devices as devices_lib
 from runtime.checkpoint.store import Checkpoints
 from runtime.config.run import RunConfig
 from runtime.errors import TrainingDiverged
-from runtime.diloco.clock import Event, make_clock
+from runtime.diloco.clock import Event, EventKind, make_clock
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.learner import ABSENT, DONE, DOWN, RECONFIGURING, TRAINING, WAITING, Learner
 from runtime.network.links import Links
@@ -89,6 +89,15 @@ class Controller(Merging, Recovery, Membership, Reconfiguration, Durability):
     self._saved = (0, 0.0)  # merges_done and clock time at the last checkpoint
     self._finished = False  # restored from the checkpoint a finished run saved last
     self.saves: list[tuple[float, float, bool]] = []  # per checkpoint: (clock time, seconds held up, final)
+    self._handlers = {
+        EventKind.PART_DONE: self._on_part_done, EventKind.PARAMS_ARRIVED: self._on_params_arrived,
+        EventKind.REPORT_ARRIVED: self._on_report_arrived, EventKind.REPORT_TIMEOUT: self._on_report_timeout,
+        EventKind.THETA_PULLED: self._on_theta_pulled, EventKind.MERGE_DUE: self._on_merge_due,
+        EventKind.MERGE_DONE: self._on_merge_done, EventKind.SLICE_CRASH: self._on_slice_crash,
+        EventKind.LEARNER_CRASH: self._on_learner_crash, EventKind.SLICE_REPAIRED: self._on_slice_repaired,
+        EventKind.REJOIN: self._on_rejoin, EventKind.RECONFIGURED: self._on_reconfigured,
+        EventKind.STRAGGLER: self._on_straggler, EventKind.CORRUPT: self._on_corrupt, EventKind.LINK: self._on_link,
+        EventKind.LEND: self._on_lend, EventKind.RECLAIM: self._on_reclaim}
 
   # The event loop ----------------------------------------------------------------------------------
 
@@ -153,7 +162,7 @@ class Controller(Merging, Recovery, Membership, Reconfiguration, Durability):
       if not self._work_scheduled():
         self._schedule_merge(0.0)  # the budget is spent: merge what is left, quorum or not
       self.event_time, event = self.clock.next_event()  # (real clock: when it happened, maybe before now)
-      getattr(self, f"_on_{event.kind}")(event)  # each event kind has its handler, _on_<kind>
+      self._handlers[EventKind(event.kind)](event)
 
   def _work_scheduled(self) -> bool:
     """True while a learner, a report or a merge is still on its way (fault timers don't count).
@@ -198,7 +207,7 @@ class Controller(Merging, Recovery, Membership, Reconfiguration, Durability):
       self._failed(learner, "at dispatch", error)
       return False
     self.tokens_dispatched += tokens
-    self.clock.on_done((part.state, part.metrics), modeled, Event("part_done", learner.index))
+    self.clock.on_done((part.state, part.metrics), modeled, Event(EventKind.PART_DONE, learner.index))
     return True
 
   def _arm_crash(self, learner: Learner, steps: int, modeled: float) -> float | None:
@@ -215,7 +224,7 @@ class Controller(Merging, Recovery, Membership, Reconfiguration, Durability):
     if crash is None or not modeled:
       return None
     if crash.fault is not None:
-      self.clock.after(crash.at - now, Event("learner_crash", learner.index, crash.fault))
+      self.clock.after(crash.at - now, Event(EventKind.LEARNER_CRASH, learner.index, crash.fault))
     return crash.at
 
   def _on_part_done(self, event: Event) -> None:
@@ -244,11 +253,11 @@ class Controller(Merging, Recovery, Membership, Reconfiguration, Durability):
     if delay is None:  # as if never sent: the learner times out and trains it again
       self.log.fault("link_drop", learner.index, now, f"report of {report.tokens} tokens lost")
       self.ledger.lost(report.busy_seconds)
-      self.clock.after(self.run.faults.report_timeout_seconds, Event("report_timeout", learner.index, report))
+      self.clock.after(self.run.faults.report_timeout_seconds, Event(EventKind.REPORT_TIMEOUT, learner.index, report))
       return
     learner.report_sent(report)
     self.reports_in_transit += 1
-    self.clock.after(delay, Event("report_arrived", learner.index, report))
+    self.clock.after(delay, Event(EventKind.REPORT_ARRIVED, learner.index, report))
 
   def _on_params_arrived(self, event: Event) -> None:
     learner = self.learners[event.learner]
@@ -299,7 +308,7 @@ class Controller(Merging, Recovery, Membership, Reconfiguration, Durability):
         self.log.fault("quarantine", report.learner, now, quarantined[report.learner])
         self._write_off(report.tokens)
         self.ledger.lost(report.busy_seconds)
-      self.clock.after(transfer, Event("params_arrived", report.learner, answer))
+      self.clock.after(transfer, Event(EventKind.PARAMS_ARRIVED, report.learner, answer))
     for m, s in self.pool.held():
       if not self.learners[m].reports_out:
         self._rejoin(self.learners[m], s)

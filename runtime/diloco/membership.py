@@ -15,7 +15,7 @@ from absl import logging
 from runtime.config import capacity as capacity_lib
 from runtime.cluster import learner_slices
 from runtime.data.service import DataService, LeasedStream
-from runtime.diloco.clock import Event
+from runtime.diloco.clock import Event, EventKind
 from runtime.diloco.learner import ABSENT, DOWN, Learner
 
 
@@ -54,15 +54,15 @@ class Membership:
 
   def _schedule_lends(self) -> None:
     for i, item in enumerate(self.run.capacity.schedule):
-      if item.kind == "lend":
-        self.clock.after(item.time, Event("lend", payload=(i, item.slices, item.duration)))
+      if item.kind == EventKind.LEND:
+        self.clock.after(item.time, Event(EventKind.LEND, payload=(i, item.slices, item.duration)))
       else:
         self._schedule_random_lend(i)
 
   def _schedule_random_lend(self, i: int) -> None:
     gap, duration = next(self._traces[i])
     self._drawn[i] += 1
-    self.clock.after(gap, Event("lend", payload=(i, self.run.capacity.schedule[i].slices, duration)))
+    self.clock.after(gap, Event(EventKind.LEND, payload=(i, self.run.capacity.schedule[i].slices, duration)))
 
   def _on_lend(self, event: Event) -> None:
     i, count, duration = event.payload
@@ -82,7 +82,7 @@ class Membership:
       learner.total_steps = self.tokens_dispatched // self.run.tokens_per_step
       self.log.fault("join", learner.index, now, f"on lent slice {s} for {duration:g} s")
       self._join(learner, s)
-    self.clock.after(duration, Event("reclaim", payload=(i, tuple(free))))
+    self.clock.after(duration, Event(EventKind.RECLAIM, payload=(i, tuple(free))))
     logging.info("t=%.1f: %d slices lent (%s), %d learners present", now, len(free), free, self._members())
 
   def _join(self, learner: Learner, slice_index: int) -> None:
@@ -101,7 +101,7 @@ class Membership:
       self.ledger.lost(failure.lost_seconds)
       if self.injector:
         self.injector.disarm(learner.index)
-      self.clock.cancel(lambda e, m=learner.index: e.learner == m and e.kind in ("part_done", "params_arrived"))
+      self.clock.cancel(lambda e, m=learner.index: e.learner == m and e.kind in (EventKind.PART_DONE, EventKind.PARAMS_ARRIVED))
       self.log.fault("leave", learner.index, now, f"lent slice {s} reclaimed" + failure.detail)
     if self.run.capacity.schedule[i].kind == "random":
       self._schedule_random_lend(i)
@@ -118,7 +118,7 @@ class Membership:
       return True
     self.pool.release(self.lent[slice_index])  # its learner, held for a rejoin, waits for the repair
     self.pool.begin_repair(slice_index)
-    self.clock.after(self.crashes.repair_of(slice_index), Event("slice_repaired", payload=slice_index))
+    self.clock.after(self.crashes.repair_of(slice_index), Event(EventKind.SLICE_REPAIRED, payload=slice_index))
     return True
 
   def _lent_slice_repaired(self, slice_index: int) -> bool:

@@ -5,7 +5,7 @@ with P > 1 fragments, a fragment whose quorum is reached while another fragment'
 waits for that merge to finish (its reports keep waiting in the syncer).
 """
 
-from runtime.diloco.clock import Event
+from runtime.diloco.clock import Event, EventKind
 from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED
 
 
@@ -40,7 +40,7 @@ class Merging:
   def _schedule_merge(self, delay: float, fragment: int | None = None) -> None:
     """A merge of the fragment's waiting reports after `delay` (None: of the fragment waiting longest then)."""
     self.merge_state = "scheduled"
-    self.clock.after(delay, Event("merge_due", payload=fragment))
+    self.clock.after(delay, Event(EventKind.MERGE_DUE, payload=fragment))
 
   def _on_merge_due(self, event: Event) -> None:
     if not self.syncer.pending:
@@ -50,4 +50,4 @@ class Merging:
     self.merge_state = "running"
     future = self.worker.submit(self.syncer.compute, reports, self._members())
     self.clock.on_done(future, self.run.clock.merge_seconds,
-                       Event("merge_done", payload=(future, reports, self.clock.now())))
+                       Event(EventKind.MERGE_DONE, payload=(future, reports, self.clock.now())))

@@ -25,7 +25,7 @@ takes all its slices down.
 
 from typing import Sequence
 
-from runtime.diloco.clock import Event
+from runtime.diloco.clock import Event, EventKind
 from runtime.diloco.learner import DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING, Learner
 
 
@@ -48,7 +48,7 @@ class Reconfiguration:
       self._lose_slices(self.learners[m], [slice_index], "slice interrupted", repair)
       return
     self.pool.failed_idle(slice_index)
-    self.clock.after(repair, Event("slice_repaired", payload=slice_index))
+    self.clock.after(repair, Event(EventKind.SLICE_REPAIRED, payload=slice_index))
 
   def _crash_slice(self, learner: Learner, j: int, why: str, repair: float | None) -> None:
     """A scheduled crash of the learner's j-th slice (its last, if it holds fewer now)."""
@@ -62,7 +62,7 @@ class Reconfiguration:
     for s in lost:
       self.pool.take_back(m, s)
       self.pool.crashed(s)
-      self.clock.after(f.repair_seconds if repair is None else repair, Event("slice_repaired", payload=s))
+      self.clock.after(f.repair_seconds if repair is None else repair, Event(EventKind.SLICE_REPAIRED, payload=s))
     if learner.status in (TRAINING, WAITING, RECONFIGURING, DONE) and set(lost) & set(learner.slices):
       if f.learner_recovery == "restart" or not set(learner.slices) & set(self.pool.owned(m)):
         self._go_down(learner, why)  # (reconfigure: no slice it trains on is left, and its state with them)
@@ -72,7 +72,7 @@ class Reconfiguration:
     for _ in lost:
       spare = self.pool.take_spare()
       if spare is not None:
-        self.clock.after(f.spare_swap_seconds, Event("rejoin", m, spare))
+        self.clock.after(f.spare_swap_seconds, Event(EventKind.REJOIN, m, spare))
       else:
         self.pool.wait(m)
     self._maybe_merge()
@@ -80,7 +80,7 @@ class Reconfiguration:
   def _go_down(self, learner: Learner, why: str) -> None:
     now, m = self.clock.now(), learner.index
     failure = self._remove(learner, DOWN)
-    self.clock.cancel(lambda e: e.learner == m and e.kind == "reconfigured")
+    self.clock.cancel(lambda e: e.learner == m and e.kind == EventKind.RECONFIGURED)
     self.log.fault("crash", m, now, why + failure.detail)
 
   def _shrink(self, learner: Learner, why: str) -> None:
@@ -98,13 +98,13 @@ class Reconfiguration:
     self.crashes.fired(m)
     if self.injector:
       self.injector.disarm(m)
-    self.clock.cancel(lambda e: e.learner == m and e.kind == "part_done")
+    self.clock.cancel(lambda e: e.learner == m and e.kind == EventKind.PART_DONE)
     self._write_off(failure.unmerged_tokens)
     self.ledger.lost(failure.lost_seconds)
     self.log.fault("shrink", m, now, f"{why}{failure.detail}: on slices {owned} of {self.run.slices_per_learner}, "
                    f"{failure.unmerged_tokens} tokens in flight lost")
     if not was_reconfiguring:  # (one under way moves onto the slices it holds when it ends)
-      self.clock.after(self.run.faults.reconfig_seconds, Event("reconfigured", m, resume))
+      self.clock.after(self.run.faults.reconfig_seconds, Event(EventKind.RECONFIGURED, m, resume))
 
   # Slices given ------------------------------------------------------------------------------------
 
@@ -132,7 +132,7 @@ class Reconfiguration:
     owned = self.pool.owned(learner.index)
     learner.set_status(RECONFIGURING, self.clock.now())
     self.log.fault("expand", learner.index, self.clock.now(), f"onto slices {owned} of {self.run.slices_per_learner}")
-    self.clock.after(self.run.faults.reconfig_seconds, Event("reconfigured", learner.index, resume))
+    self.clock.after(self.run.faults.reconfig_seconds, Event(EventKind.RECONFIGURED, learner.index, resume))
 
   def _regroup_due(self, learner: Learner, kind: str) -> bool:
     """At a part boundary: True if the learner first grows onto the slices it was given (the part waits for it)."""

@@ -1,13 +1,13 @@
 """The controller's fault handlers: crashes, program errors, repairs and rejoins, stragglers, corrupt reports, links.
 
 A mixin of `Controller` (it uses the controller's clock, learners, syncer, slice pool and run log): the
-event loop dispatches `_on_<kind>` for these fault events exactly as for the others.
+event loop dispatches these fault events through its table exactly as the others.
 """
 
 from absl import logging
 
 from runtime.cluster import multislice
-from runtime.diloco.clock import Event
+from runtime.diloco.clock import Event, EventKind
 from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, WAITING, Learner
 from runtime.diloco.messages import Delivery, Failure
 from runtime.errors import ProgramError
@@ -20,7 +20,7 @@ class Recovery:
   def _schedule_slice_crash(self, slice_index: int) -> None:
     at = self.crashes.next_slice_crash(slice_index)
     if at is not None:
-      self.clock.after(at - self.clock.now(), Event("slice_crash", payload=slice_index))
+      self.clock.after(at - self.clock.now(), Event(EventKind.SLICE_CRASH, payload=slice_index))
 
   def _on_slice_crash(self, event: Event) -> None:
     s = event.payload
@@ -33,7 +33,7 @@ class Recovery:
       self._crash(owner, "slice interrupted", repair=self.crashes.repair_of(s))
     elif not self._lent_slice_crashed_idle(s):
       self.pool.failed_idle(s)
-      self.clock.after(self.crashes.repair_of(s), Event("slice_repaired", payload=s))
+      self.clock.after(self.crashes.repair_of(s), Event(EventKind.SLICE_REPAIRED, payload=s))
 
   def _on_learner_crash(self, event: Event) -> None:
     self.crashes.happened("learner", event.learner)
@@ -54,7 +54,7 @@ class Recovery:
     self.ledger.lost(failure.lost_seconds)
     if self.injector:
       self.injector.disarm(m)
-    self.clock.cancel(lambda e: e.learner == m and e.kind in ("part_done", "params_arrived"))
+    self.clock.cancel(lambda e: e.learner == m and e.kind in (EventKind.PART_DONE, EventKind.PARAMS_ARRIVED))
     return failure
 
   def _crash(self, learner: Learner, why: str, repair: float | None = None) -> None:
@@ -69,11 +69,11 @@ class Recovery:
     logging.info("learner %d down at t=%.1f: %s", m, now, why)
     self.pool.crashed(failure.slice_index)
     repair = self.run.faults.repair_seconds if repair is None else repair
-    self.clock.after(repair, Event("slice_repaired", payload=failure.slice_index))
+    self.clock.after(repair, Event(EventKind.SLICE_REPAIRED, payload=failure.slice_index))
     if not self._is_lent_slice(failure.slice_index):  # a lent learner waits for its own slice's repair
       spare = self.pool.take_spare()
       if spare is not None:
-        self.clock.after(self.run.faults.spare_swap_seconds, Event("rejoin", m, spare))
+        self.clock.after(self.run.faults.spare_swap_seconds, Event(EventKind.REJOIN, m, spare))
       else:
         self.pool.wait(m)
     self._maybe_merge()
@@ -109,7 +109,7 @@ class Recovery:
     s = event.payload
     if not multislice.healthy(s, self.slices[s]):  # (pathwaysutils' check; every slice is healthy without it)
       logging.warning("slice %d failed its health check after repair: repairing it again", s)
-      self.clock.after(self.run.faults.repair_seconds, Event("slice_repaired", payload=s))
+      self.clock.after(self.run.faults.repair_seconds, Event(EventKind.SLICE_REPAIRED, payload=s))
       return
     if self._lent_slice_repaired(s):
       return
@@ -146,7 +146,7 @@ class Recovery:
     """A learner (re)starting from Θ (rejoin, join) pulls it whole over its path: the bytes are charged, and its
     first round starts when they have arrived."""
     delay = self.links.send_down(learner.index, self.clock.now())
-    self.clock.after(delay, Event("theta_pulled", learner.index, learner.round))
+    self.clock.after(delay, Event(EventKind.THETA_PULLED, learner.index, learner.round))
 
   def _on_theta_pulled(self, event: Event) -> None:
     learner = self.learners[event.learner]
@@ -175,7 +175,7 @@ class Recovery:
   def _send_theta(self, learner: int, delivery: Delivery) -> None:
     """Θ sent to one learner outside a merge: charged on its path, delivered when it arrives."""
     delay = self.links.send_down(learner, self.clock.now(), delivery.payload, delivery.fragment)
-    self.clock.after(delay, Event("params_arrived", learner, delivery))
+    self.clock.after(delay, Event(EventKind.PARAMS_ARRIVED, learner, delivery))
 
   def _on_report_timeout(self, event: Event) -> None:
     """A learner whose report was lost pulls the current Θ (charged on its path) and trains that data again."""
