@@ -2,7 +2,7 @@
 
 import types
 
-from runtime.diloco.learner import DOWN, RECONFIGURING, WAITING
+from runtime.diloco.learner import DOWN, RECONFIGURING, TRAINING, WAITING
 from runtime.diloco.messages import Failure
 
 
@@ -49,6 +49,30 @@ class FakeLearner:
 
   def join_schedule(self, total_steps: int) -> None:
     self.total_steps = total_steps
+
+  def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False,
+               schedule_at: int | None = None):
+    del armed, schedule_at
+    self.inflight = types.SimpleNamespace(kind=kind, steps=steps, started_at=now, modeled_seconds=modeled_seconds,
+                                          state="state", metrics="metrics")
+    self.status = TRAINING
+    self.calls.append(("dispatch", kind, steps, now))
+    return self.inflight
+
+  def collect(self, now: float):
+    part, self.inflight = self.inflight, None
+    self.tokens += part.steps * self.tokens_per_batch
+    self.calls.append(("collect", now))
+    return part
+
+  def report(self, now: float, host_sharding):
+    del host_sharding
+    return types.SimpleNamespace(learner=self.index, payload=None, fragment=0, tokens=self.tokens, busy_seconds=2.0,
+                                 sent_at=now)
+
+  def report_sent(self, report) -> None:
+    del report
+    self.reports_out += 1
 
   def owed_fragment(self) -> int:
     return 0
@@ -105,3 +129,12 @@ class FakeSyncer:
 
   def compile_merges(self) -> None:
     pass
+
+  def observe_round(self, seconds_per_step: float) -> None:
+    pass
+
+  def answer(self, report, verdict: str):
+    return types.SimpleNamespace(payload=None, fragment=0, verdict=verdict, learner=report.learner)
+
+  def latest(self, round_: int):
+    return types.SimpleNamespace(payload=None, fragment=0, verdict="latest", round=round_)

@@ -89,7 +89,8 @@ class Controller:
     self.event_time = 0.0  # when the event being handled happened
     self._handlers = {
         EventKind.PART_DONE: self._on_part_done, EventKind.PARAMS_ARRIVED: self.rounds.on_params_arrived,
-        EventKind.REPORT_ARRIVED: self.rounds.on_report_arrived, EventKind.REPORT_TIMEOUT: self.rounds.on_report_timeout,
+        EventKind.REPORT_ARRIVED: self.rounds.on_report_arrived,
+        EventKind.REPORT_TIMEOUT: self.rounds.on_report_timeout,
         EventKind.THETA_PULLED: self.rounds.on_theta_pulled, EventKind.RECONFIGURED: self.rounds.on_reconfigured,
         EventKind.MERGE_DUE: self.merges.on_merge_due, EventKind.MERGE_DONE: self._on_merge_done,
         EventKind.SLICE_CRASH: self.slices.on_slice_crash, EventKind.LEARNER_CRASH: self.slices.on_learner_crash,

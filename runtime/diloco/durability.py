@@ -37,7 +37,8 @@ class Durability:
                host_sharding: jax.sharding.Sharding, devices: Sequence[list[jax.Device]], clock, syncer: Syncer,
                learners: Sequence[Learner], merges: MergeSchedule, rounds: Rounds, slices: SliceLifecycle,
                links: Links, ledger: Ledger, membership: Membership, log: Callable[[], RunLog]):
-    self._run, self._name, self._treedefs, self._host_sharding, self._devices = run, name, treedefs, host_sharding, devices
+    self._run, self._name, self._treedefs, self._host_sharding = run, name, treedefs, host_sharding
+    self._devices = devices
     self._clock, self._syncer, self._learners, self._merges, self._rounds = clock, syncer, learners, merges, rounds
     self._slices, self._links, self._ledger, self._membership, self._log = slices, links, ledger, membership, log
     self.checkpoints = None

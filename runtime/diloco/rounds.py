@@ -30,7 +30,8 @@ class Rounds:
                ledger: Ledger, log: Callable[[], RunLog], host_sharding: jax.sharding.Sharding,
                slices: SliceLifecycle, merges: MergeSchedule):
     self._run, self._clock, self._learners, self._syncer, self._links = run, clock, learners, syncer, links
-    self._ledger, self._log, self._host_sharding, self._slices, self._merges = ledger, log, host_sharding, slices, merges
+    self._ledger, self._log, self._host_sharding = ledger, log, host_sharding
+    self._slices, self._merges = slices, merges
     self.tokens_dispatched = 0
     self.reports_in_transit = 0
 
