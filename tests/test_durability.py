@@ -1,6 +1,5 @@
 """Durability on its own: each part's snapshot saved at a merge's end and handed back to it on restore."""
 
-
 import jax
 import numpy as np
 
