@@ -2,7 +2,7 @@
 
 import types
 
-from runtime.diloco.learner import DOWN, RECONFIGURING, TRAINING, WAITING
+from runtime.diloco.learner import ABSENT, DOWN, RECONFIGURING, TRAINING, WAITING
 from runtime.diloco.messages import Failure
 
 
@@ -29,7 +29,9 @@ class FakeLearner:
 
   def leave(self, now: float) -> Failure:
     self.calls.append(("leave", now))
-    return self.fail(now)
+    failure = self.fail(now)
+    self.status = ABSENT
+    return failure
 
   def rejoin(self, slices, devices, theta, version, now: float) -> None:
     del devices, theta
