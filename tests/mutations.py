@@ -20,10 +20,10 @@ _RESUME_TEST = "tests/test_resume.py::test_killed_mid_flight_four_times_the_run_
 # name: (file, text, mutated text, the test that must catch it)
 MUTATIONS = {
     "rejoin_with_own_old_theta": (
-        "runtime/diloco/recovery.py",
-        "learner.rejoin(slice_index, self.slices[slice_index], self.syncer.params,",
-        "learner.rejoin(slice_index, self.slices[slice_index], "
-        "self.syncer._history.get(learner.base_version, self.syncer.params),",
+        "runtime/diloco/slice_lifecycle.py",
+        "learner.rejoin(slice_index, slices.devices[slice_index], slices.syncer.params,",
+        "learner.rejoin(slice_index, slices.devices[slice_index], "
+        "slices.syncer._history.get(learner.base_version, slices.syncer.params),",
         "tests/test_faults.py::test_rejoining_learner_starts_from_the_syncers_current_theta"),
     "no_relative_quarantine": (
         "runtime/diloco/syncer.py", "if ema and norm > self.cfg.quarantine_factor * ema:", "if False:",
@@ -44,7 +44,7 @@ MUTATIONS = {
         "      pass\n",
         "tests/test_learner.py::test_adopting_theta_carries_the_overlap_progress_onto_it_and_into_the_next_report"),
     "quorum_not_rechecked_when_a_learner_finishes": (
-        "runtime/diloco/controller.py", "      self._maybe_merge()  # a finished learner lowers the effective quorum\n",
+        "runtime/diloco/rounds.py", "      self._merges.maybe_merge()  # a finished learner lowers the effective quorum\n",
         "", "tests/test_diloco.py::test_a_learner_finishing_its_budget_lowers_the_quorum_and_the_last_reports_merge"),
     "diverging_outer_step_committed": (
         "runtime/diloco/syncer.py", "    if reason:  # Θ would diverge:", "    if False:  # Θ would diverge:",
@@ -95,11 +95,12 @@ MUTATIONS = {
         'self.residual = jax.tree.map(lambda r: r * 0, unpacker.tree(saved["residual"], place, where=group))',
         "tests/test_wire_checkpoint.py::test_a_run_compressed_both_ways_killed_and_resumed_ends_bit_identical[topk]"),
     "program_error_retried_as_a_lost_slice": (
-        "runtime/diloco/recovery.py", "    if injection.slice_lost(error):", "    if True:",
+        "runtime/diloco/slice_lifecycle.py", "    if injection.slice_lost(error):", "    if True:",
         "tests/test_program_errors.py::"
         "test_a_program_error_at_dispatch_or_when_awaited_stops_its_learner_once_and_the_others_reach_the_budget"),
     "stopped_learner_counted_in_the_quorum": (
-        "runtime/diloco/controller.py", "l.status not in (DOWN, DONE, FAILED, ABSENT)", "l.status not in (DOWN, DONE, ABSENT)",
+        "runtime/diloco/merge_schedule.py", "l.status not in (DOWN, DONE, FAILED, ABSENT)",
+        "l.status not in (DOWN, DONE, ABSENT)",
         "tests/test_program_errors.py::"
         "test_a_program_error_at_dispatch_or_when_awaited_stops_its_learner_once_and_the_others_reach_the_budget"),
     "sim_repair_overlaps_idle_counted_twice": (

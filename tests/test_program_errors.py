@@ -7,7 +7,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from runtime.cluster import devices as devices_lib
 from runtime.experiments import modes
-from runtime.diloco import controller as controller_lib
+from runtime.diloco import durability as durability_lib
 from runtime.diloco.controller import Controller
 from runtime.diloco.learner import FAILED, Learner
 from runtime.errors import ProgramError
@@ -135,7 +135,7 @@ def test_a_run_with_a_stopped_learner_killed_and_resumed_ends_bit_identical(tiny
   tiny_config.checkpoint_every = 2
   _fail_from(monkeypatch, "dispatch", [1])
   reference = modes.train(tiny_config, tmp_path / "reference")[0]
-  save = controller_lib.Controller._save_checkpoint
+  save = durability_lib.Durability.save
 
   def dying(self, step):
     if step == 4:
@@ -143,7 +143,7 @@ def test_a_run_with_a_stopped_learner_killed_and_resumed_ends_bit_identical(tiny
     save(self, step)
 
   with monkeypatch.context() as patch:
-    patch.setattr(controller_lib.Controller, "_save_checkpoint", dying)
+    patch.setattr(durability_lib.Durability, "save", dying)
     with pytest.raises(KeyboardInterrupt):
       modes.train(tiny_config, tmp_path / "killed")
   assert [l["status"] for l in _newest_sound_meta(tmp_path / "killed")["learners"]][1] == FAILED

@@ -13,7 +13,7 @@ from invariants import assert_ranges_tile
 from launcher import FAST, launch
 from runtime.experiments import modes
 from runtime.checkpoint.store import DIGEST, Checkpoints
-from runtime.diloco import controller as controller_lib
+from runtime.diloco import durability as durability_lib
 from runtime.reporting.metrics import without_wall_time
 from test_checkpoint import _kill_after_first_checkpoint, _killed_then_resumed
 
@@ -55,14 +55,14 @@ def _metrics(workdir: pathlib.Path) -> str:
 
 def _kill_at(monkeypatch, merges: int) -> None:
   """The next run dies as it is about to save the checkpoint of merge `merges` (so that merge is done again)."""
-  save = controller_lib.Controller._save_checkpoint
+  save = durability_lib.Durability.save
 
   def dying(self, step):
     if step == merges:
       raise _Killed()
     save(self, step)
 
-  monkeypatch.setattr(controller_lib.Controller, "_save_checkpoint", dying)
+  monkeypatch.setattr(durability_lib.Durability, "save", dying)
 
 
 def assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills):

@@ -8,6 +8,7 @@ orders them as they actually finish.
 
 import concurrent.futures
 import dataclasses
+import enum
 import heapq
 import time
 from typing import Any, Callable, Sequence
@@ -18,11 +19,33 @@ import numpy as np
 from runtime.config.run import ClockConfig
 
 
+class EventKind(str, enum.Enum):
+  """What can happen to the controller; each kind has one handler in its table (a str: checkpoints save the value)."""
+
+  PART_DONE = "part_done"  # a learner's part of a round finished (or failed)
+  PARAMS_ARRIVED = "params_arrived"  # Θ reached a learner
+  REPORT_ARRIVED = "report_arrived"  # a learner's report reached the syncer
+  REPORT_TIMEOUT = "report_timeout"  # a lost report's learner stops waiting for its answer
+  THETA_PULLED = "theta_pulled"  # a (re)starting learner has Θ whole
+  MERGE_DUE = "merge_due"  # a fragment's grace window ended
+  MERGE_DONE = "merge_done"  # the worker finished a merge
+  SLICE_CRASH = "slice_crash"
+  LEARNER_CRASH = "learner_crash"
+  SLICE_REPAIRED = "slice_repaired"
+  REJOIN = "rejoin"  # a spare reaches a learner
+  RECONFIGURED = "reconfigured"  # a learner of several slices finished moving onto others
+  STRAGGLER = "straggler"
+  CORRUPT = "corrupt"
+  LINK = "link"
+  LEND = "lend"  # slices lent to the run
+  RECLAIM = "reclaim"  # lent slices taken back
+
+
 @dataclasses.dataclass(frozen=True)
 class Event:
   """Something that happens to the controller: `kind` with an optional learner and payload."""
 
-  kind: str
+  kind: EventKind | str  # (a str where read back from a checkpoint or a fault plan)
   learner: int = -1
   payload: Any = None
 

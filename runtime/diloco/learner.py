@@ -322,6 +322,10 @@ class Learner:
       self.leased.give_back_from(self.book.reported_position["position"])
       self._data.restore(self.book.reported_position)  # drops what was staged or prefetched from those leases
 
+  def join_schedule(self, total_steps: int) -> None:
+    """A learner joining on lent capacity: its inner schedule stands where the run is."""
+    self.total_steps = total_steps
+
   def rejoin(self, slice_index: int, devices: list[jax.Device], theta_host: PyTree, version: int,
              now: float) -> None:
     """Back on a healthy slice: Θ, fresh inner state, data from the end of its last report."""

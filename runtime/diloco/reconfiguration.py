@@ -1,8 +1,9 @@
 """Learners of several slices (slices_per_learner = k > 1): a slice of theirs lost, a slice given to them, and their
 moves between sets of slices.
 
-A mixin of `Controller`. The slice pool keeps the healthy slices each such learner holds (`owned`): those it trains
-on, and while it is down or about to grow, those kept for it. For every slice it loses the learner asks for one
+`SeveralSlices` is the policy of the slice lifecycle (runtime/diloco/slice_lifecycle.py) for k > 1. The slice pool
+keeps the healthy slices each such learner holds (`owned`): those it trains on, and while it is down or about to
+grow, those kept for it. For every slice it loses the learner asks for one
 back: a spare (after faults.spare_swap_seconds), or else the next slice repaired. When one of its slices fails,
 faults.learner_recovery decides, with the goodput simulator's meaning of the same option (runtime/sim/model.py):
 
@@ -25,163 +26,147 @@ takes all its slices down.
 
 from typing import Sequence
 
-from runtime.diloco.clock import Event
+from runtime.diloco.clock import Event, EventKind
 from runtime.diloco.learner import DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING, Learner
+from runtime.diloco.messages import Failure
+from runtime.diloco.slice_lifecycle import SliceLifecycle
 
 
-class Reconfiguration:
-  """Handlers of a several-slice learner's lost and returned slices, and the event that ends its reconfiguration."""
+class SeveralSlices:
+  """How a learner of several slices loses a slice, takes one given to it, and moves between sets of them."""
 
-  def _several(self) -> bool:
-    return self.run.slices_per_learner > 1
-
-  def _step_scale(self, learner: Learner) -> float:
-    """How much longer the learner's steps take on the slices it has now than on its k (1 for a full set)."""
-    return self.run.slices_per_learner / len(learner.slices)
+  def __init__(self, slices: SliceLifecycle):
+    self._slices = slices
+    self._pool, self._clock, self._run = slices.pool, slices.clock, slices.run
 
   # Slices lost -------------------------------------------------------------------------------------
 
-  def _slice_lost(self, slice_index: int) -> None:
+  def slice_crashed(self, slice_index: int) -> None:
     """A slice failed: a learner's is handled as its recovery says; an idle one goes into repair."""
-    m, repair = self.pool.owner(slice_index), self.crashes.repair_of(slice_index)
+    m, repair = self._pool.owner(slice_index), self._slices.crashes.repair_of(slice_index)
     if m is not None:
-      self._lose_slices(self.learners[m], [slice_index], "slice interrupted", repair)
+      self._lose_slices(self._slices.learners[m], [slice_index], "slice interrupted", repair)
       return
-    self.pool.failed_idle(slice_index)
-    self.clock.after(repair, Event("slice_repaired", payload=slice_index))
+    self._pool.failed_idle(slice_index)
+    self._slices.repair(slice_index, repair)
 
-  def _crash_slice(self, learner: Learner, j: int, why: str, repair: float | None) -> None:
-    """A scheduled crash of the learner's j-th slice (its last, if it holds fewer now)."""
-    owned = self.pool.owned(learner.index)
-    self._lose_slices(learner, [owned[min(j, len(owned) - 1)]], f"{why} of its slice {j}", repair)
+  def learner_crashed(self, learner: Learner, j: int, repair: float | None) -> None:
+    """A scheduled crash of the learner's j-th slice (its last, if it holds fewer now), or (j < 0) of all."""
+    if j < 0:
+      self.crash(learner, "scheduled crash", repair)
+      return
+    owned = self._pool.owned(learner.index)
+    self._lose_slices(learner, [owned[min(j, len(owned) - 1)]], f"scheduled crash of its slice {j}", repair)
+
+  def crash(self, learner: Learner, why: str, repair: float | None) -> None:
+    """The learner as a whole crashed: all its slices are lost."""
+    self._lose_slices(learner, self._pool.owned(learner.index), why, repair)
 
   def _lose_slices(self, learner: Learner, lost: Sequence[int], why: str, repair: float | None = None) -> None:
     """The learner's slices `lost` failed: they go into repair, it asks for as many back, and it reconfigures onto
     the slices left or goes down (restart, or none left)."""
-    m, f = learner.index, self.run.faults
+    m, f = learner.index, self._run.faults
     for s in lost:
-      self.pool.take_back(m, s)
-      self.pool.crashed(s)
-      self.clock.after(f.repair_seconds if repair is None else repair, Event("slice_repaired", payload=s))
+      self._pool.take_back(m, s)
+      self._pool.crashed(s)
+      self._slices.repair(s, f.repair_seconds if repair is None else repair)
     if learner.status in (TRAINING, WAITING, RECONFIGURING, DONE) and set(lost) & set(learner.slices):
-      if f.learner_recovery == "restart" or not set(learner.slices) & set(self.pool.owned(m)):
+      if f.learner_recovery == "restart" or not set(learner.slices) & set(self._pool.owned(m)):
         self._go_down(learner, why)  # (reconfigure: no slice it trains on is left, and its state with them)
         self._rejoin_when_ready(learner)  # (reconfigure: on a slice it was about to grow onto)
       else:
         self._shrink(learner, why)
     for _ in lost:
-      spare = self.pool.take_spare()
-      if spare is not None:
-        self.clock.after(f.spare_swap_seconds, Event("rejoin", m, spare))
-      else:
-        self.pool.wait(m)
-    self._maybe_merge()
+      self._slices.ask_for_slice(m)
+    self._slices.maybe_merge()
 
   def _go_down(self, learner: Learner, why: str) -> None:
-    now, m = self.clock.now(), learner.index
-    failure = self._remove(learner, DOWN)
-    self.clock.cancel(lambda e: e.learner == m and e.kind == "reconfigured")
-    self.log.fault("crash", m, now, why + failure.detail)
+    now, m = self._clock.now(), learner.index
+    failure = self._slices.remove(learner, DOWN)
+    self._clock.cancel(lambda e: e.learner == m and e.kind == EventKind.RECONFIGURED)
+    self._slices.log().fault("crash", m, now, why + failure.detail)
 
   def _shrink(self, learner: Learner, why: str) -> None:
     """The learner drops the failed slice: only its part in flight is lost; it trains on after reconfig_seconds."""
-    now, m = self.clock.now(), learner.index
-    owned = self.pool.owned(m)
+    now, m = self._clock.now(), learner.index
+    owned = self._pool.owned(m)
     if learner.status == DONE:  # nothing in flight and nothing to resume: it moves at once
-      learner.regroup(tuple(owned), [self.slices[s] for s in owned])
-      self.log.fault("shrink", m, now, f"{why}: on slices {owned} (done training)")
+      self._slices.regroup(learner)
+      self._slices.log().fault("shrink", m, now, f"{why}: on slices {owned} (done training)")
       return
     # (A part that completed as the slice failed is kept, its work reported with the next part's: nothing lost.)
     resume = learner.inflight.kind if learner.inflight is not None else ""
     was_reconfiguring = learner.status == RECONFIGURING
     failure = learner.lose_part(now)
-    self.crashes.fired(m)
-    if self.injector:
-      self.injector.disarm(m)
-    self.clock.cancel(lambda e: e.learner == m and e.kind == "part_done")
-    self._write_off(failure.unmerged_tokens)
-    self.ledger.lost(failure.lost_seconds)
-    self.log.fault("shrink", m, now, f"{why}{failure.detail}: on slices {owned} of {self.run.slices_per_learner}, "
-                   f"{failure.unmerged_tokens} tokens in flight lost")
+    self._slices.crashes.fired(m)
+    if self._slices.injector:
+      self._slices.injector.disarm(m)
+    self._clock.cancel(lambda e: e.learner == m and e.kind == EventKind.PART_DONE)
+    self._slices.write_off(failure.unmerged_tokens)
+    self._slices.ledger.lost(failure.lost_seconds)
+    self._slices.log().fault("shrink", m, now, f"{why}{failure.detail}: on slices {owned} of "
+                             f"{self._run.slices_per_learner}, {failure.unmerged_tokens} tokens in flight lost")
     if not was_reconfiguring:  # (one under way moves onto the slices it holds when it ends)
-      self.clock.after(self.run.faults.reconfig_seconds, Event("reconfigured", m, resume))
+      self._clock.after(self._run.faults.reconfig_seconds, Event(EventKind.RECONFIGURED, m, resume))
+
+  def stopped(self, learner: Learner, failure: Failure) -> None:
+    """A learner stopped for good gives its healthy slices to the learners waiting, or to the spares."""
+    del failure
+    self._pool.forget(learner.index)
+    for s in self._pool.owned(learner.index):
+      self._pool.take_back(learner.index, s)
+      self._slices.give_back(s)
 
   # Slices given ------------------------------------------------------------------------------------
 
-  def _grant(self, learner: Learner, slice_index: int) -> None:
+  def rejoin(self, learner: Learner, slice_index: int) -> None:
     """A spare or a repaired slice reaches the learner: it rejoins, or grows onto it."""
-    m, now = learner.index, self.clock.now()
-    if self.pool.is_repairing(slice_index):  # the spare failed during the swap: wait for the next slice
-      self.pool.wait(m, first=True)
+    m, now = learner.index, self._clock.now()
+    if self._pool.is_repairing(slice_index):  # the spare failed during the swap: wait for the next slice
+      self._pool.wait(m, first=True)
       return
     if learner.status == FAILED:  # stopped for good meanwhile: the slice goes to whoever waits
-      self._give_back(slice_index)
+      self._slices.give_back(slice_index)
       return
-    self.pool.give(m, slice_index)
+    self._pool.give(m, slice_index)
     if learner.status == DOWN:
       self._rejoin_when_ready(learner)
     elif learner.status == WAITING:
       self._expand(learner, "")
     elif learner.status == RECONFIGURING:
-      self.log.fault("expand", m, now, f"onto slices {self.pool.owned(m)} of {self.run.slices_per_learner}: slice "
-                     f"{slice_index} joins the reconfiguration under way")
+      self._slices.log().fault("expand", m, now, f"onto slices {self._pool.owned(m)} of "
+                               f"{self._run.slices_per_learner}: slice {slice_index} joins the reconfiguration "
+                               "under way")
 
   def _expand(self, learner: Learner, resume: str) -> None:
     """The learner moves onto all the slices it holds, after reconfig_seconds; then resumes (`resume`: the part
     kind it was about to dispatch, or '' to adopt Θ or wait for it)."""
-    owned = self.pool.owned(learner.index)
-    learner.set_status(RECONFIGURING, self.clock.now())
-    self.log.fault("expand", learner.index, self.clock.now(), f"onto slices {owned} of {self.run.slices_per_learner}")
-    self.clock.after(self.run.faults.reconfig_seconds, Event("reconfigured", learner.index, resume))
+    owned = self._pool.owned(learner.index)
+    learner.set_status(RECONFIGURING, self._clock.now())
+    self._slices.log().fault("expand", learner.index, self._clock.now(),
+                             f"onto slices {owned} of {self._run.slices_per_learner}")
+    self._clock.after(self._run.faults.reconfig_seconds, Event(EventKind.RECONFIGURED, learner.index, resume))
 
-  def _regroup_due(self, learner: Learner, kind: str) -> bool:
-    """At a part boundary: True if the learner first grows onto the slices it was given (the part waits for it)."""
-    if not self._several() or tuple(self.pool.owned(learner.index)) == learner.slices:
+  def regroup_due(self, learner: Learner, kind: str) -> bool:
+    if tuple(self._pool.owned(learner.index)) == learner.slices:
       return False
     self._expand(learner, kind)
     return True
 
-  def _on_reconfigured(self, event: Event) -> None:
-    learner = self.learners[event.learner]
-    owned = self.pool.owned(learner.index)
-    learner.regroup(tuple(owned), [self.slices[s] for s in owned])
-    if learner.inbox is not None:  # Θ arrived meanwhile
-      self._adopt(learner)
-    elif event.payload == "main":
-      self._start_round(learner)
-    elif event.payload == "overlap":
-      self._dispatch(learner, "overlap", self.run.overlap_steps)
-    else:
-      learner.set_status(WAITING, self.clock.now())
-
   def _rejoin_when_ready(self, learner: Learner) -> None:
     """A learner that is down rejoins from Θ once it holds k slices (restart) or one (reconfigure: it grows back
     later), and its reports on their way have been merged or quarantined (their data may be served again)."""
-    owned = self.pool.owned(learner.index)
-    enough = self.run.slices_per_learner if self.run.faults.learner_recovery == "restart" else 1
+    owned = self._pool.owned(learner.index)
+    enough = self._run.slices_per_learner if self._run.faults.learner_recovery == "restart" else 1
     if len(owned) < enough or learner.reports_out:
       return
-    now = self.clock.now()
-    learner.rejoin(tuple(owned), [self.slices[s] for s in owned], self.syncer.params, self.syncer.version, now)
-    self.log.fault("rejoin", learner.index, now, f"on slices {owned}")
-    self._pull_theta(learner)
+    now, syncer = self._clock.now(), self._slices.syncer
+    learner.rejoin(tuple(owned), [self._slices.devices[s] for s in owned], syncer.params, syncer.version, now)
+    self._slices.log().fault("rejoin", learner.index, now, f"on slices {owned}")
+    self._slices.pull_theta(learner)
 
-  def _rejoin_settled(self) -> None:
-    """After a merge: learners of several slices that were down only for their reports' verdicts rejoin."""
-    for learner in self.learners:
-      if self._several() and learner.status == DOWN:
+  def settled(self) -> None:
+    """After a merge: learners that were down only for their reports' verdicts rejoin."""
+    for learner in self._slices.learners:
+      if learner.status == DOWN:
         self._rejoin_when_ready(learner)
-
-  # Slices returned -----------------------------------------------------------------------------------
-
-  def _return_slices(self, learner: Learner) -> None:
-    """A learner stopped for good gives its healthy slices to the learners waiting, or to the spares."""
-    self.pool.forget(learner.index)
-    for s in self.pool.owned(learner.index):
-      self.pool.take_back(learner.index, s)
-      self._give_back(s)
-
-  def _give_back(self, slice_index: int) -> None:
-    waiting = self.pool.repaired(slice_index)
-    if waiting is not None:
-      self._rejoin(self.learners[waiting], slice_index)

@@ -1,0 +1,84 @@
+"""When merges run: one at a time, in the merge worker's thread, once a fragment's quorum and grace window allow.
+
+The syncer decides whether a fragment's reports make a quorum and how long its grace window is; this object only
+schedules and starts the merges. With P > 1 fragments, a fragment whose quorum is reached while another fragment's
+merge is scheduled or running waits for that merge to finish (its reports keep waiting in the syncer).
+"""
+
+import concurrent.futures
+from typing import Callable, Sequence
+
+from runtime.config.run import RunConfig
+from runtime.diloco.clock import Event, EventKind
+from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, Learner
+from runtime.diloco.messages import Report
+from runtime.diloco.syncer import MergeResult, Syncer
+
+IDLE, SCHEDULED, RUNNING = "idle", "scheduled", "running"
+
+
+class MergeSchedule:
+  """The merge state (idle, scheduled, running) and the worker thread merges run in."""
+
+  def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], syncer: Syncer, members: Callable[[], int]):
+    self._run, self._clock, self._learners, self._syncer, self._members = run, clock, learners, syncer, members
+    self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="syncer")
+    self._worker.submit(syncer.compile_merges)  # every merge size, before the first merge needs one
+    self.state = IDLE
+
+  def able(self, fragment: int | None = None) -> int:
+    """Learners that can still report (a `fragment`: whose outstanding or next report is that fragment's)."""
+    return sum(l.status not in (DOWN, DONE, FAILED, ABSENT) and (fragment is None or l.owed_fragment() == fragment)
+               for l in self._learners)
+
+  def grace_seconds(self, fragment: int = 0) -> float:
+    """The grace window of the fragment's merge: cut by when its waiting reports' learners will need Θ."""
+    now, step = self._clock.now(), self._syncer.xi_step.value
+    needs_theta_at = [self._learners[r.learner].needs_theta_at(now, step) for r in self._syncer.pending
+                      if r.fragment == fragment]
+    return self._syncer.grace_seconds(now, needs_theta_at)
+
+  def receive(self, report: Report) -> None:
+    """A report reached the syncer: it waits there for its fragment's merge."""
+    self._syncer.receive(report)
+    self.maybe_merge()
+
+  def maybe_merge(self) -> None:
+    """Schedules the merge of a fragment whose quorum is ready, unless a merge is scheduled or running."""
+    if self.state != IDLE:
+      return
+    fragment = self._syncer.ready([self.able(p) for p in range(self._run.fragments)])
+    if fragment is not None:
+      self._syncer.observe_quorum(self._clock.now(), fragment)
+      self.schedule(self.grace_seconds(fragment), fragment)
+
+  def schedule(self, delay: float, fragment: int | None = None) -> None:
+    """A merge of the fragment's waiting reports after `delay` (None: of the fragment waiting longest then)."""
+    self.state = SCHEDULED
+    self._clock.after(delay, Event(EventKind.MERGE_DUE, payload=fragment))
+
+  def on_merge_due(self, event: Event) -> None:
+    if not self._syncer.pending:
+      self.state = IDLE
+      return
+    reports = self._syncer.take_pending(event.payload)
+    self.state = RUNNING
+    future = self._worker.submit(self._syncer.compute, reports, self._members())
+    self._clock.on_done(future, self._run.clock.merge_seconds,
+                        Event(EventKind.MERGE_DONE, payload=(future, reports, self._clock.now())))
+
+  def finished(self, event: Event) -> tuple[MergeResult, list[Report], float]:
+    """The merge of a MERGE_DONE event: its result, its reports and when it started; the next may be scheduled."""
+    future, reports, started = event.payload
+    result = future.result()
+    self.state = IDLE
+    return result, reports, started
+
+  def close(self) -> None:
+    self._worker.shutdown()
+
+  def snapshot(self) -> dict:
+    return dict(merge_state=self.state)
+
+  def restore(self, saved: dict) -> None:
+    self.state = saved["merge_state"]

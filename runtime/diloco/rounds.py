@@ -1,0 +1,187 @@
+"""The learners' rounds within the token budget: dispatching their parts, their reports up, Θ down, and write-offs.
+
+`Rounds` owns the budget's side of the run: the tokens dispatched so far (tokens written off go back into it) and
+the reports on their way to the syncer. Each learner's round is a main part of H − τ steps that ends in a report
+and an overlap part of τ steps that trains while the report syncs; the learner adopts the Θ that answers it and
+starts its next round.
+"""
+
+from typing import Callable, Sequence
+
+import jax
+
+from runtime.config.run import RunConfig
+from runtime.diloco.clock import Event, EventKind
+from runtime.diloco.learner import DONE, TRAINING, WAITING, Learner
+from runtime.diloco.ledger import Ledger
+from runtime.diloco.merge_schedule import MergeSchedule
+from runtime.diloco.messages import Delivery
+from runtime.diloco.run_log import RunLog
+from runtime.diloco.slice_lifecycle import SliceLifecycle
+from runtime.diloco.syncer import Syncer
+from runtime.network.links import Links
+from runtime.wire.payload import CorruptPayload
+
+
+class Rounds:
+  """Dispatches the learners' parts, sends their reports and Θ, and keeps the budget."""
+
+  def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], syncer: Syncer, links: Links,
+               ledger: Ledger, log: Callable[[], RunLog], host_sharding: jax.sharding.Sharding,
+               slices: SliceLifecycle, merges: MergeSchedule):
+    self._run, self._clock, self._learners, self._syncer, self._links = run, clock, learners, syncer, links
+    self._ledger, self._log, self._host_sharding = ledger, log, host_sharding
+    self._slices, self._merges = slices, merges
+    self.tokens_dispatched = 0
+    self.reports_in_transit = 0
+
+  def work_left(self) -> bool:
+    """True while the token budget is not all dispatched."""
+    return self.tokens_dispatched < self._run.token_budget
+
+  # Dispatch ----------------------------------------------------------------------------------------
+
+  def start_round(self, learner: Learner) -> None:
+    """Dispatches the main part: H − τ steps, or the whole steps left of the budget if fewer."""
+    steps = min(self._run.round_steps - self._run.overlap_steps, self._steps_left(learner))
+    if steps < 1 and learner.tokens:  # the budget is spent: report the overlap work carried onto Θ
+      self._send_report(learner, self._clock.now())
+      return
+    self._dispatch(learner, "main", max(steps, 1))
+
+  def _steps_left(self, learner: Learner) -> int:
+    """Whole inner steps of this learner's batch that the token budget still holds."""
+    return (self._run.token_budget - self.tokens_dispatched) // learner.tokens_per_batch
+
+  def _dispatch(self, learner: Learner, kind: str, steps: int) -> bool:
+    """Dispatches a part of the learner's round within the token budget; False if none was dispatched."""
+    tokens = steps * learner.tokens_per_batch
+    if steps > self._steps_left(learner):
+      learner.set_status(DONE if kind == "main" else WAITING, self._clock.now())
+      self._merges.maybe_merge()  # a finished learner lowers the effective quorum
+      return False
+    if self._slices.regroup_due(learner, kind):  # a learner of several slices grows onto those given back first
+      return True
+    now = self._clock.now()
+    modeled = sum(self._clock.step_seconds(learner.index) for _ in range(steps)) * self._slices.step_scale(learner)
+    crash_at = self._slices.arm_crash(learner, steps, modeled)
+    try:
+      at = (self.tokens_dispatched // self._run.tokens_per_step if self._run.inner.schedule_progress == "run"
+            else None)
+      part = learner.dispatch(kind, steps, now, modeled, armed=crash_at is not None, schedule_at=at)
+    except Exception as error:  # pylint: disable=broad-except
+      self._slices.failed(learner, "at dispatch", error)
+      return False
+    self.tokens_dispatched += tokens
+    self._clock.on_done((part.state, part.metrics), modeled, Event(EventKind.PART_DONE, learner.index))
+    return True
+
+  def on_part_done(self, event: Event, now: float) -> None:
+    """`now`: when the part's program finished (its busy time ends then, not when the controller got to it)."""
+    learner = self._learners[event.learner]
+    try:
+      part = learner.collect(now)
+    except Exception as error:  # pylint: disable=broad-except
+      self._slices.failed(learner, "awaiting its round", error)
+      return
+    self._syncer.observe_round((part.modeled_seconds or now - part.started_at) / part.steps)
+    if part.kind == "main":
+      self._send_report(learner, now)
+      overlap = self._run.overlap_steps
+    elif learner.inbox is not None:
+      self._adopt(learner)
+      return
+    else:
+      overlap = self._run.overlap_steps if self._run.outer.keep_training else 0
+    if not (overlap and self._dispatch(learner, "overlap", overlap)) and learner.status == TRAINING:
+      learner.set_status(WAITING, now)  # (a dispatch that failed left it down or failed, or done)
+
+  def on_reconfigured(self, event: Event) -> None:
+    """A learner of several slices moved onto the slices it holds: it resumes what it was about to do."""
+    learner = self._learners[event.learner]
+    self._slices.regroup(learner)
+    if learner.inbox is not None:  # Θ arrived meanwhile
+      self._adopt(learner)
+    elif event.payload == "main":
+      self.start_round(learner)
+    elif event.payload == "overlap":
+      self._dispatch(learner, "overlap", self._run.overlap_steps)
+    else:
+      learner.set_status(WAITING, self._clock.now())
+
+  # Reports up ---------------------------------------------------------------------------------------
+
+  def _send_report(self, learner: Learner, now: float) -> None:
+    report = learner.report(now, self._host_sharding)
+    delay = self._links.send_up(learner.index, now, report.payload, report.fragment)
+    if delay is None:  # as if never sent: the learner times out and trains it again
+      self._log().fault("link_drop", learner.index, now, f"report of {report.tokens} tokens lost")
+      self._ledger.lost(report.busy_seconds)
+      self._clock.after(self._run.faults.report_timeout_seconds,
+                        Event(EventKind.REPORT_TIMEOUT, learner.index, report))
+      return
+    learner.report_sent(report)
+    self.reports_in_transit += 1
+    self._clock.after(delay, Event(EventKind.REPORT_ARRIVED, learner.index, report))
+
+  def on_report_arrived(self, event: Event) -> None:
+    self.reports_in_transit -= 1
+    self._merges.receive(event.payload)
+
+  def on_report_timeout(self, event: Event) -> None:
+    """A learner whose report was lost pulls the current Θ (charged on its path) and trains that data again."""
+    self.send_theta(event.learner, self._syncer.answer(event.payload, "lost"))
+
+  # Θ down --------------------------------------------------------------------------------------------
+
+  def on_params_arrived(self, event: Event) -> None:
+    learner = self._learners[event.learner]
+    if learner.deliver(event.payload) and learner.status == WAITING:
+      self._adopt(learner)
+
+  def _adopt(self, learner: Learner) -> None:
+    """The learner adopts the Θ it was delivered and starts its next round."""
+    delivery = learner.inbox
+    try:
+      self.write_off(learner.adopt(self._clock.now()))
+    except CorruptPayload as error:  # nothing adopted: Θ goes again, whole
+      self._resend_theta(learner, delivery, error)
+      return
+    self.start_round(learner)
+
+  def write_off(self, tokens: int) -> None:
+    """Tokens trained on but lost before reaching Θ go back into the budget (their data is served again)."""
+    self.tokens_dispatched -= tokens
+    for learner in self._learners:
+      if tokens and learner.status == DONE:  # finished learners take the returned budget, from the current Θ
+        learner.set_status(WAITING, self._clock.now())
+        self.send_theta(learner.index, self._syncer.latest(learner.round))  # pulled whole
+
+  def _resend_theta(self, learner: Learner, delivery: Delivery, error: Exception) -> None:
+    """A compressed Θ the learner could not adopt (damaged, or not for the Θ it holds) is sent again whole."""
+    now = self._clock.now()
+    self._log().fault("theta_resent", learner.index, now, str(error))
+    learner.set_status(WAITING, now)
+    self.send_theta(learner.index, self._syncer.resend(delivery))  # charged the full model's bytes
+
+  def send_theta(self, learner: int, delivery: Delivery) -> None:
+    """Θ sent to one learner outside a merge: charged on its path, delivered when it arrives."""
+    delay = self._links.send_down(learner, self._clock.now(), delivery.payload, delivery.fragment)
+    self._clock.after(delay, Event(EventKind.PARAMS_ARRIVED, learner, delivery))
+
+  def pull_theta(self, learner: Learner) -> None:
+    """A learner (re)starting from Θ (rejoin, join) pulls it whole over its path: the bytes are charged, and its
+    first round starts when they have arrived."""
+    delay = self._links.send_down(learner.index, self._clock.now())
+    self._clock.after(delay, Event(EventKind.THETA_PULLED, learner.index, learner.round))
+
+  def on_theta_pulled(self, event: Event) -> None:
+    learner = self._learners[event.learner]
+    if learner.status == WAITING and learner.round == event.payload and learner.inflight is None:
+      self.start_round(learner)  # (a learner that failed meanwhile, or moved on, ignores it)
+
+  def snapshot(self) -> dict:
+    return dict(tokens_dispatched=self.tokens_dispatched, reports_in_transit=self.reports_in_transit)
+
+  def restore(self, saved: dict) -> None:
+    self.tokens_dispatched, self.reports_in_transit = saved["tokens_dispatched"], saved["reports_in_transit"]

@@ -1,0 +1,317 @@
+"""The slices' lives: crashes and program errors, repairs and spares, rejoins, and slices lent to the run.
+
+`SliceLifecycle` owns the slice pool (spares, repairs, learners waiting, slices held for a rejoin), the crash plan,
+the fault injector and which learner each lent slice runs. How a learner takes a lost or a given slice is a policy
+chosen once, by whoever builds it: `OneSlice` here, or `SeveralSlices` (runtime/diloco/reconfiguration.py) for
+learners of k > 1 slices.
+Lent slices come after the owned ones, at [num_slices, num_slices + lent): they are never spares of the owned
+learners, and a lent learner that crashes waits for its own slice's repair, unless the slice is reclaimed first.
+"""
+
+from typing import Any, Callable, Sequence
+
+import jax
+from absl import logging
+
+from runtime.cluster import multislice
+from runtime.cluster.slice_pool import SlicePool
+from runtime.config.run import RunConfig
+from runtime.diloco.clock import Event, EventKind
+from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, Learner
+from runtime.diloco.ledger import Ledger
+from runtime.diloco.messages import Failure
+from runtime.diloco.run_log import RunLog
+from runtime.diloco.syncer import Syncer
+from runtime.errors import ProgramError
+from runtime.faults import injection
+from runtime.faults.plan import CrashPlan
+from runtime.faults.replay import slice_failures
+
+
+class SliceLifecycle:
+  """Every slice's failures and returns, and the learners they take down and bring back."""
+
+  def __init__(self, run: RunConfig, devices: Sequence[list[jax.Device]], injector: injection.Injector | None,
+               clock, learners: Sequence[Learner], syncer: Syncer, ledger: Ledger, log: Callable[[], RunLog],
+               write_off: Callable[[int], None], pull_theta: Callable[[Learner], None],
+               maybe_merge: Callable[[], None], policy: Callable[["SliceLifecycle"], Any]):
+    self.run, self.devices, self.injector, self.clock, self.learners = run, devices, injector, clock, learners
+    self.syncer, self.ledger, self.log = syncer, ledger, log
+    self.write_off, self.pull_theta, self.maybe_merge = write_off, pull_theta, maybe_merge
+    f, k = run.faults, run.slices_per_learner
+    self.crashes = CrashPlan(f.schedule, [slice_failures(f, s, run.seed) for s in range(len(devices))])
+    self.pool = SlicePool(run.num_slices, in_use=run.learners * k, per_learner=k)  # lent slices are not its to give
+    self.lent: dict[int, int] = {}  # lent slice -> the learner on it
+    self._policy = policy(self)  # OneSlice, or SeveralSlices for k > 1
+
+  # Crashes -----------------------------------------------------------------------------------------
+
+  def schedule_slice_crash(self, slice_index: int) -> None:
+    at = self.crashes.next_slice_crash(slice_index)
+    if at is not None:
+      self.clock.after(at - self.clock.now(), Event(EventKind.SLICE_CRASH, payload=slice_index))
+
+  def on_slice_crash(self, event: Event) -> None:
+    self.crashes.happened("slice", event.payload)
+    self._policy.slice_crashed(event.payload)
+
+  def on_learner_crash(self, event: Event) -> None:
+    self.crashes.happened("learner", event.learner)
+    learner = self.learners[event.learner]
+    if learner.status not in (DOWN, DONE, FAILED, ABSENT):
+      repair = event.payload.repair if event.payload.repair >= 0 else None
+      self._policy.learner_crashed(learner, event.payload.slice, repair)
+
+  def arm_crash(self, learner: Learner, steps: int, modeled: float) -> float | None:
+    """Arms the device program to fail where a crash of its slice falls; returns that modeled time.
+
+    Without modeled time (the real clock) only step-scheduled crashes are armed; they surface when
+    the round is awaited.
+    """
+    if self.injector is None:
+      return None
+    now = self.clock.now()
+    crash = self.crashes.in_round(learner.index, learner.slices, learner.total_steps, steps, now, modeled)
+    self.injector.arm(learner.index, None if crash is None else crash.step)
+    if crash is None or not modeled:
+      return None
+    if crash.fault is not None:
+      self.clock.after(crash.at - now, Event(EventKind.LEARNER_CRASH, learner.index, crash.fault))
+    return crash.at
+
+  def repair(self, slice_index: int, seconds: float) -> None:
+    """The slice comes back after `seconds` of repair."""
+    self.clock.after(seconds, Event(EventKind.SLICE_REPAIRED, payload=slice_index))
+
+  def remove(self, learner: Learner, status: str) -> Failure:
+    """Removes the learner's future and writes off its unmerged work; it is DOWN (to return) or FAILED (for good)."""
+    failure = learner.fail(self.clock.now(), status)
+    self.crashes.fired(learner.index)
+    self.write_off(failure.unmerged_tokens)
+    self.ledger.lost(failure.lost_seconds)
+    self.forget_work(learner.index)
+    return failure
+
+  def forget_work(self, m: int) -> None:
+    """Nothing the learner was doing or being sent happens any more."""
+    if self.injector:
+      self.injector.disarm(m)
+    self.clock.cancel(lambda e: e.learner == m and e.kind in (EventKind.PART_DONE, EventKind.PARAMS_ARRIVED))
+
+  def crash(self, learner: Learner, why: str, repair: float | None = None) -> None:
+    """Removes the learner's future, writes off its unmerged work, and arranges its return (all its slices lost)."""
+    self._policy.crash(learner, why, repair)
+
+  def failed(self, learner: Learner, where: str, error: Exception) -> None:
+    """A learner's program raised: a lost slice is a crash (the learner comes back on another); any other error
+    is a program error, which would fail again on any slice, so the learner stops for good."""
+    if injection.slice_lost(error):
+      self.crash(learner, f"{where}: {injection.describe(error)}")
+    else:
+      self._stop(learner, f"{where}: {injection.describe(error)}", error)
+
+  def _stop(self, learner: Learner, why: str, error: Exception) -> None:
+    """Stops the learner for good: its future removed, its unmerged work written off for the others to train, its
+    slice (healthy) given to the pool, the quorum following the learners still able to report."""
+    now, m = self.clock.now(), learner.index
+    failure = self.remove(learner, FAILED)
+    self.log().fault("program_error", m, now, why)
+    hint = "" if multislice.installed() else f" (only {multislice.EXTRA} recognises real lost slices)"
+    logging.error("learner %d stopped for good at t=%.1f by a program error, which is no lost slice and is not "
+                  "retried%s: %s", m, now, hint, why)
+    if all(l.status in (FAILED, ABSENT) for l in self.learners):
+      stops = [f"learner {f['learner']} ({f['detail']})" for f in self.log().faults if f["fault"] == "program_error"]
+      raise ProgramError(f"no learner is left to train: every one stopped on a program error{hint}: "
+                         + "; ".join(stops)) from error
+    self._policy.stopped(learner, failure)
+    self.maybe_merge()
+
+  # Repairs and returns -----------------------------------------------------------------------------
+
+  def on_slice_repaired(self, event: Event) -> None:
+    s = event.payload
+    if not multislice.healthy(s, self.devices[s]):  # (pathwaysutils' check; every slice is healthy without it)
+      logging.warning("slice %d failed its health check after repair: repairing it again", s)
+      self.repair(s, self.run.faults.repair_seconds)
+      return
+    if self._lent_slice_repaired(s):
+      return
+    self.schedule_slice_crash(s)
+    learner = self.pool.repaired(s)
+    if learner is not None:
+      self.rejoin(self.learners[learner], s)
+
+  def on_rejoin(self, event: Event) -> None:
+    self.rejoin(self.learners[event.learner], event.payload)
+
+  def rejoin(self, learner: Learner, slice_index: int) -> None:
+    """The learner comes back on a healthy slice (or, of several slices, takes it as one of its set)."""
+    self._policy.rejoin(learner, slice_index)
+
+  def give_back(self, slice_index: int) -> None:
+    """A healthy slice returns to the pool: to the learner waiting first, or to the spares."""
+    waiting = self.pool.repaired(slice_index)
+    if waiting is not None:
+      self.rejoin(self.learners[waiting], slice_index)
+
+  def ask_for_slice(self, m: int) -> None:
+    """The learner lacks a slice: a spare reaches it after spare_swap_seconds, or it waits for a repaired one."""
+    spare = self.pool.take_spare()
+    if spare is not None:
+      self.clock.after(self.run.faults.spare_swap_seconds, Event(EventKind.REJOIN, m, spare))
+    else:
+      self.pool.wait(m)
+
+  def settled(self) -> None:
+    """After a merge: learners whose rejoin waited for their reports' verdicts rejoin."""
+    for m, s in self.pool.held():
+      if not self.learners[m].reports_out:
+        self.rejoin(self.learners[m], s)
+    self._policy.settled()
+
+  # Learners of several slices ----------------------------------------------------------------------
+
+  def step_scale(self, learner: Learner) -> float:
+    """How much longer the learner's steps take on the slices it has now than on its k (1 for a full set)."""
+    return self.run.slices_per_learner / len(learner.slices)
+
+  def regroup_due(self, learner: Learner, kind: str) -> bool:
+    """At a part boundary: True if the learner first grows onto the slices it was given (the part waits for it)."""
+    return self._policy.regroup_due(learner, kind)
+
+  def regroup(self, learner: Learner) -> None:
+    """The learner's reconfiguration ended: it moves onto the slices it holds now."""
+    owned = self.pool.owned(learner.index)
+    learner.regroup(tuple(owned), [self.devices[s] for s in owned])
+
+  # Lent slices -------------------------------------------------------------------------------------
+
+  def is_lent_slice(self, slice_index: int) -> bool:
+    return slice_index >= self.run.num_slices
+
+  def lend(self, slice_index: int, learner: Learner) -> bool:
+    """The lent slice runs the learner; False if it is in repair (the learner waits for it, down)."""
+    self.lent[slice_index] = learner.index
+    if self.pool.is_repairing(slice_index):  # it failed while it was not ours
+      learner.set_status(DOWN, self.clock.now())
+      return False
+    return True
+
+  def join(self, learner: Learner, slice_index: int) -> None:
+    """The learner starts on the slice from the current Θ, pulled whole."""
+    learner.rejoin(slice_index, self.devices[slice_index], self.syncer.params, self.syncer.version, self.clock.now())
+    self.pull_theta(learner)
+
+  def reclaim(self, slice_index: int) -> int:
+    """The lent slice is taken back; returns the learner it ran."""
+    m = self.lent.pop(slice_index)
+    self.pool.release(m)
+    return m
+
+  def lent_slice_crashed_idle(self, slice_index: int) -> bool:
+    """A lent (or lendable) slice with no learner training on it failed; True if handled here."""
+    if not self.is_lent_slice(slice_index):
+      return False
+    if slice_index not in self.lent:  # not ours at the moment: nothing to repair
+      self.schedule_slice_crash(slice_index)
+      return True
+    self.pool.release(self.lent[slice_index])  # its learner, held for a rejoin, waits for the repair
+    self.pool.begin_repair(slice_index)
+    self.repair(slice_index, self.crashes.repair_of(slice_index))
+    return True
+
+  def _lent_slice_repaired(self, slice_index: int) -> bool:
+    """A lent (or lendable) slice is back; its learner, if it still holds it and is down, rejoins. True if lent."""
+    if not self.is_lent_slice(slice_index):
+      return False
+    self.pool.end_repair(slice_index)
+    self.schedule_slice_crash(slice_index)
+    m = self.lent.get(slice_index)
+    if m is not None and self.learners[m].status == DOWN:
+      self.rejoin(self.learners[m], slice_index)
+    return True
+
+  # The end and checkpoints -------------------------------------------------------------------------
+
+  def settle(self) -> None:
+    """The injector lets go of the slices whose programs failed (the run is over)."""
+    if self.injector is not None:
+      injection.settle(self.injector, [self.devices[s] for s in self.pool.take_crashed()])
+
+  def snapshot(self) -> dict:
+    return dict(pool=self.pool.snapshot(), crashes=self.crashes.snapshot())
+
+  def restore(self, saved: dict) -> None:
+    self.pool.restore(saved["pool"])
+    self.crashes.restore(saved["crashes"])
+
+  def lent_snapshot(self) -> list:
+    return sorted(self.lent.items())
+
+  def lent_restore(self, saved: list) -> None:
+    self.lent = {s: m for s, m in saved}
+
+
+class OneSlice:
+  """Learners of one slice: a crashed learner goes down and comes back whole on a spare or its repaired slice."""
+
+  def __init__(self, slices: SliceLifecycle):
+    self._slices = slices
+
+  def slice_crashed(self, s: int) -> None:
+    slices = self._slices
+    owner = next((l for l in slices.learners if l.slice_index == s and l.status != DOWN), None)
+    if owner is not None:
+      self.crash(owner, "slice interrupted", repair=slices.crashes.repair_of(s))
+    elif not slices.lent_slice_crashed_idle(s):
+      slices.pool.failed_idle(s)
+      slices.repair(s, slices.crashes.repair_of(s))
+
+  def learner_crashed(self, learner: Learner, slice_j: int, repair: float | None) -> None:
+    del slice_j  # its one slice
+    self.crash(learner, "scheduled crash", repair)
+
+  def crash(self, learner: Learner, why: str, repair: float | None) -> None:
+    slices = self._slices
+    now, m = slices.clock.now(), learner.index
+    failure = slices.remove(learner, DOWN)
+    why += failure.detail
+    slices.log().fault("crash", m, now, why)
+    logging.info("learner %d down at t=%.1f: %s", m, now, why)
+    slices.pool.crashed(failure.slice_index)
+    slices.repair(failure.slice_index, slices.run.faults.repair_seconds if repair is None else repair)
+    if not slices.is_lent_slice(failure.slice_index):  # a lent learner waits for its own slice's repair
+      slices.ask_for_slice(m)
+    slices.maybe_merge()
+
+  def stopped(self, learner: Learner, failure: Failure) -> None:
+    del learner
+    if not self._slices.is_lent_slice(failure.slice_index):
+      self._slices.give_back(failure.slice_index)
+
+  def rejoin(self, learner: Learner, slice_index: int) -> None:
+    """The learner comes back on a healthy slice: current Θ, fresh inner state, data after its last report.
+
+    While a report it sent before failing is still on its way, the rejoin waits for that report's
+    merge: if the syncer quarantines it, its data must be served again, so where the shard resumes
+    is only known then.
+    """
+    slices = self._slices
+    if slices.pool.is_repairing(slice_index):  # the spare failed during the swap: wait for the next slice
+      slices.pool.wait(learner.index, first=True)
+      return
+    if learner.reports_out:
+      slices.pool.hold(learner.index, slice_index)
+      return
+    slices.pool.release(learner.index)
+    learner.rejoin(slice_index, slices.devices[slice_index], slices.syncer.params, slices.syncer.version,
+                   slices.clock.now())
+    slices.log().fault("rejoin", learner.index, slices.clock.now(), f"on slice {slice_index}")
+    slices.pull_theta(learner)
+
+  def regroup_due(self, learner: Learner, kind: str) -> bool:
+    del learner, kind  # one slice: nothing to grow onto
+    return False
+
+  def settled(self) -> None:
+    pass
