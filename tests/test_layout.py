@@ -85,10 +85,7 @@ def test_no_project_class_inherits_from_two_or_more_project_classes():
   assert not mixed
 
 
-@pytest.mark.parametrize("name", [
-    "Controller", "Syncer",
-    pytest.param("Learner", marks=pytest.mark.xfail(strict=False, reason="Learner inherits LearnerSnapshots until "
-                                                    "its bookkeeping becomes one dataclass (another branch)"))])
+@pytest.mark.parametrize("name", ["Controller", "Syncer", "Learner"])
 def test_the_controller_learner_and_syncer_inherit_from_nothing(name):
   node, = _classes()[name]
   assert not node.bases and not node.keywords

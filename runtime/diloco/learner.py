@@ -77,13 +77,7 @@ class Learner:
   completions = property(lambda self: self.book.completions)
   intervals = property(lambda self: self.book.intervals)
 
-  @property
-  def total_steps(self) -> int:
-    return self.book.total_steps
-
-  @total_steps.setter
-  def total_steps(self, steps: int) -> None:
-    self.book.total_steps = steps
+  total_steps = property(lambda self: self.book.total_steps)
 
   # Placement ---------------------------------------------------------------------------------------
 
@@ -324,7 +318,7 @@ class Learner:
 
   def join_schedule(self, total_steps: int) -> None:
     """A learner joining on lent capacity: its inner schedule stands where the run is."""
-    self.total_steps = total_steps
+    self.book.total_steps = total_steps
 
   def rejoin(self, slice_index: int, devices: list[jax.Device], theta_host: PyTree, version: int,
              now: float) -> None:
