@@ -8,7 +8,7 @@ from absl import logging
 
 from runtime.cluster import multislice
 from runtime.diloco.clock import Event
-from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, WAITING, Learner
+from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, RECONFIGURING, WAITING, Learner
 from runtime.diloco.messages import Delivery, Failure
 from runtime.errors import ProgramError
 from runtime.faults import injection
@@ -149,9 +149,13 @@ class Recovery:
     self.clock.after(delay, Event("theta_pulled", learner.index, learner.round))
 
   def _on_theta_pulled(self, event: Event) -> None:
-    learner = self.learners[event.learner]
-    if learner.status == WAITING and learner.round == event.payload and learner.inflight is None:
-      self._start_round(learner)  # (a learner that failed meanwhile, or moved on, ignores it)
+    learner, m = self.learners[event.learner], event.learner
+    if learner.round != event.payload or learner.inflight is not None:
+      return  # (a learner that failed meanwhile, or moved on, ignores it)
+    if learner.status == WAITING:
+      self._start_round(learner)
+    elif learner.status == RECONFIGURING:  # it grows onto a slice given meanwhile: its round starts when that ends
+      self.clock.amend(lambda e: e.learner == m and e.kind == "reconfigured", lambda e: Event(e.kind, m, "main"))
 
   def _on_straggler(self, event: Event) -> None:
     self.clock.set_slowdown(event.learner, event.payload)
