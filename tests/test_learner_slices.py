@@ -39,6 +39,12 @@ def _faults(result, learner=1):
   return [(f["fault"], f["time"], f["detail"]) for f in result.details["faults"] if f["learner"] == learner]
 
 
+def _trains_from(result, at, learner=1):
+  """True if the learner started training at time `at`."""
+  return any(name == f"learner {learner}" and start == pytest.approx(at) and state == "training"
+             for name, start, _, state in result.details["intervals"])
+
+
 def _assert_trained_everything(result):
   assert result.tokens == BUDGET
   assert_data_accounted(result, seq_len=32)
@@ -135,11 +141,6 @@ def test_a_crash_of_the_whole_learner_takes_all_its_slices_down_and_it_restarts(
   assert on == "on slices [2]" and "onto slices [2, 3]" in onto
   assert _trains_from(result, 12.0)  # when its move onto slice 3 (begun as its Θ was pulled) ends
   _assert_trained_everything(result)
-
-
-def _trains_from(result, at, learner=1):
-  return any(name == f"learner {learner}" and start == pytest.approx(at) and state == "training"
-             for name, start, _, state in result.details["intervals"])
 
 
 def test_a_learner_grown_while_its_theta_is_pulled_trains_when_the_move_ends(two_slice_learners):
