@@ -39,6 +39,12 @@ def _faults(result, learner=1):
   return [(f["fault"], f["time"], f["detail"]) for f in result.details["faults"] if f["learner"] == learner]
 
 
+def _trains_from(result, at, learner=1):
+  """True if the learner started training at time `at`."""
+  return any(name == f"learner {learner}" and start == pytest.approx(at) and state == "training"
+             for name, start, _, state in result.details["intervals"])
+
+
 def _assert_trained_everything(result):
   assert result.tokens == BUDGET
   assert_data_accounted(result, seq_len=32)
@@ -133,7 +139,19 @@ def test_a_crash_of_the_whole_learner_takes_all_its_slices_down_and_it_restarts(
   assert (crash, rejoin, expand) == ("crash", "rejoin", "expand")
   assert crashed_at == pytest.approx(5.0) and rejoined_at == pytest.approx(11.0)  # both slices were in repair
   assert on == "on slices [2]" and "onto slices [2, 3]" in onto
+  assert _trains_from(result, 12.0)  # when its move onto slice 3 (begun as its Θ was pulled) ends
   _assert_trained_everything(result)
+
+
+def test_a_learner_grown_while_its_theta_is_pulled_trains_when_the_move_ends(two_slice_learners):
+  """Regression: the pulled Θ arrived during the move and was dropped, so the learner waited for Θ forever."""
+  two_slice_learners.total_steps = 8
+  two_slice_learners.faults.schedule = "crash:learner=1,time=1.5,repair=1"  # both its slices back at t=2.5
+  result = modes.train(two_slice_learners, None)[0]
+  assert _faults(result)[1:] == [
+      ("rejoin", 2.5, "on slices [2]"), ("expand", 2.5, "onto slices [2, 3] of 2")]  # Θ is pulled until t=2.7
+  assert _trains_from(result, 3.5)  # reconfig_seconds after the move began
+  assert result.tokens == 8 * 8 * 32
 
 
 @pytest.mark.parametrize("field, value, named, allowed", [

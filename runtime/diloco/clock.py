@@ -80,6 +80,10 @@ class _Timeline:
     heapq.heapify(self._heap)
     self._seq = saved["seq"]
 
+  def amend(self, predicate: Callable[[Event], bool], change: Callable[[Event], Event]) -> None:
+    """Events that `predicate` accepts become `change(event)`, each at its time and place (the heap's keys stay)."""
+    self._heap = [(at, seq, change(event) if predicate(event) else event) for at, seq, event in self._heap]
+
   def without(self, predicate: Callable[[Event], bool]) -> "_Timeline":
     """A timeline of the events that `predicate` rejects, in the same order."""
     kept = _Timeline()
@@ -128,6 +132,10 @@ class VirtualClock:
 
   def cancel(self, predicate: Callable[[Event], bool]) -> None:
     self._timeline = self._timeline.without(predicate)
+
+  def amend(self, predicate: Callable[[Event], bool], change: Callable[[Event], Event]) -> None:
+    """Scheduled events that `predicate` accepts become `change(event)`, still due when they were."""
+    self._timeline.amend(predicate, change)
 
   def pending(self) -> int:
     return len(self._timeline)
@@ -228,6 +236,11 @@ class RealClock:
   def cancel(self, predicate: Callable[[Event], bool]) -> None:
     self._timeline = self._timeline.without(predicate)
     self._watching = [w for w in self._watching if not predicate(w[1])]
+
+  def amend(self, predicate: Callable[[Event], bool], change: Callable[[Event], Event]) -> None:
+    """Scheduled events and awaited work's events that `predicate` accepts become `change(event)`."""
+    self._timeline.amend(predicate, change)
+    self._watching = [(work, change(event) if predicate(event) else event) for work, event in self._watching]
 
   def pending(self) -> int:
     return len(self._timeline) + len(self._watching)

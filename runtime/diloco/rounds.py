@@ -12,7 +12,7 @@ import jax
 
 from runtime.config.run import RunConfig
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner import DONE, TRAINING, WAITING, Learner
+from runtime.diloco.learner import DONE, RECONFIGURING, TRAINING, WAITING, Learner
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.merge_schedule import MergeSchedule
 from runtime.diloco.messages import Delivery
@@ -176,9 +176,14 @@ class Rounds:
     self._clock.after(delay, Event(EventKind.THETA_PULLED, learner.index, learner.round))
 
   def on_theta_pulled(self, event: Event) -> None:
-    learner = self._learners[event.learner]
-    if learner.status == WAITING and learner.round == event.payload and learner.inflight is None:
-      self.start_round(learner)  # (a learner that failed meanwhile, or moved on, ignores it)
+    learner, m = self._learners[event.learner], event.learner
+    if learner.round != event.payload or learner.inflight is not None:
+      return  # (a learner that failed meanwhile, or moved on, ignores it)
+    if learner.status == WAITING:
+      self.start_round(learner)
+    elif learner.status == RECONFIGURING:  # it grows onto a slice given meanwhile: its round starts when that ends
+      self._clock.amend(lambda e: e.learner == m and e.kind == EventKind.RECONFIGURED,
+                        lambda e: Event(e.kind, m, "main"))
 
   def snapshot(self) -> dict:
     return dict(tokens_dispatched=self.tokens_dispatched, reports_in_transit=self.reports_in_transit)
