@@ -32,6 +32,10 @@ OUTER_GRAD_BASES = ("current", "base")
 OUTER_SCALES = ("fraction", "none")
 POSITIONS = ("rotary", "learned")
 DTYPES = ("float32", "bfloat16")
+# Fields that change nothing a run computes (its records and results): they are not part of a run's name, and a run
+# resumes whatever they are now.
+QUIET_FIELDS = ("progress", "tensorboard", "compile_cache", "backend", "checkpoint_every", "checkpoint_seconds",
+                "checkpoint_keep", "resume")
 
 
 @dataclasses.dataclass(frozen=True)
