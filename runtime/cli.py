@@ -24,7 +24,7 @@ from ml_collections import config_flags
 
 import configs
 from runtime.config import docs as config_docs
-from runtime.config.run import QUIET_FIELDS, from_config_dict
+from runtime.config.run import MOVED, QUIET_FIELDS, from_config_dict
 from runtime.errors import ConfigError, DataError, TrainingDiverged, UsageError
 
 USAGE_EXIT = 2
@@ -102,7 +102,8 @@ def check_overrides(argv: Sequence[str], config: ml_collections.ConfigDict) -> N
     if field in fields or field in sections:
       continue
     leaf = field.rpartition(".")[2]
-    close = difflib.get_close_matches(field, fields, n=1) or [f for f in fields if f.endswith(f".{leaf}")][:1]
+    close = ([MOVED[field]] if field in MOVED else difflib.get_close_matches(field, fields, n=1)
+             or [f for f in fields if f.endswith(f".{leaf}")][:1])
     hint = f"did you mean '{close[0]}'? " if close else ""
     raise UsageError(f"unknown config field '{field}' ({arg}): {hint}allowed one of the {len(fields)} fields "
                      "that --help lists")

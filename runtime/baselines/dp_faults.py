@@ -4,7 +4,7 @@ Both run synchronous steps over every healthy slice. Without elasticity, any fai
 whole job: it loses the steps since its last checkpoint, waits for a hot spare (first come first served; a spare
 is free again when the slice it stood in for is repaired) or the slice's repair, then pays a restart; failures
 meanwhile are handled by the same restart (the goodput simulator's semantics, runtime/sim/model.py). Its
-checkpoints are real: saved with `Checkpoints` (orbax, asynchronous) every `faults.checkpoint_every` steps and
+checkpoints are real: saved with `Checkpoints` (orbax, asynchronous) every `faults.restart_checkpoint_every` steps and
 restored from disk at each restart, whose wall time is reported beside the modeled `faults.restart_seconds`.
 Elastic DP pays a short reconfiguration, continues on the surviving slices with a smaller global batch, and pays
 it again when the slice returns. Their records' `time` is modeled under either clock.
@@ -170,7 +170,7 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
       advanced += step_s
       link_bytes, cross_bytes = link_bytes + comm.link_bytes, cross_bytes + comm.cross_region_bytes
       since_ckpt.append((n * step_s, step_s))
-      if not elastic and due(steps, f.checkpoint_every):
+      if not elastic and due(steps, f.restart_checkpoint_every):
         save()
         since_ckpt = []
       if due(steps, run.log_every):

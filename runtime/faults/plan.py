@@ -62,7 +62,9 @@ class FaultConfig:
   spare_swap_seconds: float = 5.0  # a spare slice takes over a crashed learner after this long
   report_timeout_seconds: float = 30.0  # a learner whose report got no answer pulls Θ after this long
   restart_seconds: float = 30.0  # DP without elasticity: restart after every failure
-  checkpoint_every: int = 10  # DP without elasticity: steps between checkpoints (work after is lost)
+  # DP without elasticity: steps between the checkpoints it restarts from (work after the last one is lost); not the
+  # run's own checkpoint_every, from which a killed run resumes
+  restart_checkpoint_every: int = 10
   reconfig_seconds: float = 8.0  # elastic DP, and a learner of several slices that reconfigures: drop or re-add one
   # A learner of several slices (slices_per_learner > 1) that loses one: "reconfigure" (keeps its state and trains on
   # the others, growing back when a slice returns) or "restart" (down, its unmerged work lost, back from Θ on a full
@@ -247,7 +249,8 @@ def validate(run) -> None:
                "restart_seconds", "reconfig_seconds"):
     check(getattr(f, name) >= 0, f"faults.{name}", getattr(f, name), "a float >= 0")
   check(f.chips_per_slice >= 1, "faults.chips_per_slice", f.chips_per_slice, "an integer >= 1")
-  check(f.checkpoint_every >= 1, "faults.checkpoint_every", f.checkpoint_every, "an integer >= 1")
+  check(f.restart_checkpoint_every >= 1, "faults.restart_checkpoint_every", f.restart_checkpoint_every,
+        "an integer >= 1")
   check(f.learner_recovery in LEARNER_RECOVERIES, "faults.learner_recovery", f.learner_recovery,
         f"one of {LEARNER_RECOVERIES}")
   for fault in f.schedule:
