@@ -35,13 +35,13 @@ from runtime.reporting.metrics import without_wall_time
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 
-# name: (entry point, config module, overrides, slow). The runs named by the redesign issue.
+# name: (mode entry point, config module, overrides, slow). The runs named by the redesign issue.
 GUARDED = {
-    "smoke": ("train", "smoke", {}, False),
-    "smoke_faults": ("train", "smoke", {"clock.speeds": (1.0, 1.1, 1.2, 1.3),
-                                        "faults.schedule": "crash:learner=1,time=30"}, False),
-    "diloco_sync": ("train", "diloco_sync", {"total_steps": 60}, True),
-    "chaos": ("chaos", "chaos", {}, True),
+    "smoke": (modes.train, "smoke", {}, False),
+    "smoke_faults": (modes.train, "smoke", {"clock.speeds": (1.0, 1.1, 1.2, 1.3),
+                                            "faults.schedule": "crash:learner=1,time=30"}, False),
+    "diloco_sync": (modes.train, "diloco_sync", {"total_steps": 60}, True),
+    "chaos": (modes.chaos, "chaos", {}, True),
 }
 
 
@@ -64,7 +64,7 @@ def _run(name: str, workdir: pathlib.Path) -> dict[str, str]:
     (config[section] if section else config)[field] = value
   config.progress = False
   config.tensorboard = False
-  getattr(modes, entry)(config, workdir)
+  entry(config, workdir)
   return _metrics(workdir)
 
 
