@@ -25,7 +25,7 @@ def get_config():
   config.faults.repair_seconds = 40.0
   # DP without elasticity restarts from a checkpoint every 10 steps; elastic DP reconfigures.
   config.faults.restart_seconds = 30.0
-  config.faults.checkpoint_every = 10
+  config.faults.restart_checkpoint_every = 10
   config.faults.reconfig_seconds = 8.0
   config.progress = False
   return config

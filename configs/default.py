@@ -225,8 +225,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.faults.report_timeout_seconds = 30.0
   # Data-parallel without elasticity (dp_restart): modeled seconds to restart after a crash.
   config.faults.restart_seconds = 30.0
-  # dp_restart: steps between checkpoints (a crash loses the steps since the last one).
-  config.faults.checkpoint_every = 10
+  # dp_restart: steps between the checkpoints it restarts from (a crash loses the steps since the last one); not
+  # checkpoint_every above, the checkpoints a killed run resumes from.
+  config.faults.restart_checkpoint_every = 10
   # Modeled seconds to reconfigure around a lost slice, and again to re-add it: elastic data-parallel (dp_elastic),
   # and a learner of several slices with learner_recovery = "reconfigure".
   config.faults.reconfig_seconds = 8.0

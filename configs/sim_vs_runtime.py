@@ -34,7 +34,7 @@ def get_config():
   config.faults.repair_seconds = 60.0
   config.faults.restart_seconds = 20.0
   config.faults.reconfig_seconds = 5.0
-  config.faults.checkpoint_every = 10
+  config.faults.restart_checkpoint_every = 10
   config.faults.learner_recovery = "reconfigure"
   config.progress = False
   config.tensorboard = False

@@ -24,14 +24,12 @@ from ml_collections import config_flags
 
 import configs
 from runtime.config import docs as config_docs
-from runtime.config.run import from_config_dict
+from runtime.config.run import MOVED, QUIET_FIELDS, from_config_dict
 from runtime.errors import ConfigError, DataError, TrainingDiverged, UsageError
 
 USAGE_EXIT = 2
 CONFIGS_DIR = pathlib.Path(configs.__file__).resolve().parent
 _HELP_FLAGS = ("--help", "-help", "-h", "--helpfull", "--helpshort", "-?")
-# Fields that change nothing a run computes: not part of its name (a resumed run finds its directory whatever they are).
-_QUIET_FIELDS = ("progress", "tensorboard", "compile_cache", "checkpoint_every", "checkpoint_keep", "resume")
 
 
 def config_path(name_or_path: str) -> str:
@@ -104,7 +102,8 @@ def check_overrides(argv: Sequence[str], config: ml_collections.ConfigDict) -> N
     if field in fields or field in sections:
       continue
     leaf = field.rpartition(".")[2]
-    close = difflib.get_close_matches(field, fields, n=1) or [f for f in fields if f.endswith(f".{leaf}")][:1]
+    close = ([MOVED[field]] if field in MOVED else difflib.get_close_matches(field, fields, n=1)
+             or [f for f in fields if f.endswith(f".{leaf}")][:1])
     hint = f"did you mean '{close[0]}'? " if close else ""
     raise UsageError(f"unknown config field '{field}' ({arg}): {hint}allowed one of the {len(fields)} fields "
                      "that --help lists")
@@ -235,7 +234,7 @@ def typed_text(value: Any, short: bool = False) -> str:
 
 def varied(fields: dict[str, Any]) -> str:
   """'outer.quorum=2,inner_steps=10': the fields that make a run differ from its config file, safe as a path."""
-  text = ",".join(f"{k}={typed_text(v, short=True)}" for k, v in fields.items() if k not in _QUIET_FIELDS and k != "mode")
+  text = ",".join(f"{k}={typed_text(v, short=True)}" for k, v in fields.items() if k not in QUIET_FIELDS and k != "mode")
   safe = "".join(c if c.isalnum() or c in "._=,+-()" else "_" for c in text)
   return safe[:120]
 

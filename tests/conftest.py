@@ -54,3 +54,15 @@ def sent_payloads(monkeypatch):
   pack = payload_lib.pack
   monkeypatch.setattr(payload_lib, "pack", lambda parts: sent.append(pack(parts)) or sent[-1])
   return sent
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # pylint: disable=unused-argument
+  """Under CI (CI=true) a skipped bit-identity guard fails: a guard that skips guards nothing."""
+  outcome = yield
+  report = outcome.get_result()
+  if (os.environ.get("CI") == "true" and report.skipped and not hasattr(report, "wasxfail")
+      and item.path.name == "test_bit_identity.py"):
+    reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+    report.outcome = "failed"
+    report.longrepr = f"the bit-identity guard skipped under CI, where it must run: {reason}"

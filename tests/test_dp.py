@@ -51,7 +51,7 @@ def one_crash(tiny_config, monkeypatch):
   tiny_config.faults.repair_seconds = 5.0
   tiny_config.faults.reconfig_seconds = 8.0
   tiny_config.faults.restart_seconds = 30.0
-  tiny_config.faults.checkpoint_every = 10
+  tiny_config.faults.restart_checkpoint_every = 10
   return tiny_config
 
 

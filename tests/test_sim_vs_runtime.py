@@ -21,7 +21,7 @@ def replay(tiny_config, tmp_path):
   tiny_config.faults.repair_seconds = 15.0
   tiny_config.faults.restart_seconds = 6.0
   tiny_config.faults.reconfig_seconds = 2.0
-  tiny_config.faults.checkpoint_every = 5
+  tiny_config.faults.restart_checkpoint_every = 5
   tiny_config.total_steps = 30
   tiny_config.eval_every = 30
 

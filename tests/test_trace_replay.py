@@ -45,7 +45,7 @@ def test_dp_restart_with_one_spare_waits_when_two_slices_are_down(tiny_config, t
   tiny_config.slices = tiny_config.num_devices = 5  # 4 trained on, 1 hot spare
   tiny_config.total_steps = 24
   tiny_config.faults.restart_seconds = 2.0
-  tiny_config.faults.checkpoint_every = 10
+  tiny_config.faults.restart_checkpoint_every = 10
   tiny_config.faults.trace = _trace(tmp_path, {1: [[5.5, 25.5]], 2: [[9.0, 29.0]]}, slices=4)
   result = _run(tiny_config, "dp")
   # Crash at 5.5, restart (+2) on the spare from step 0; crash at 9.0: the spare stands in for slice 1 until its

@@ -15,6 +15,7 @@ from runtime.checkpoint.store import Checkpoints
 from runtime.config.run import RunConfig
 from runtime.train.harness import Experiment, RunResult, Stopwatch, host, make_logger, run_time_kind
 from runtime.network import allreduce
+from runtime.periodic import due
 from runtime.train.optim import inner_lr, inner_optimizer
 from runtime.train.programs import init_state, make_train_step
 
@@ -59,10 +60,10 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
       if pending is not None:
         _finish_step(logger, run, *pending, clock, wall, lr)
       pending = (step, metrics)
-      if step % run.eval_every == 0 or step == run.total_steps:
+      if due(step, run.eval_every, run.total_steps):
         eval_loss = exp.evaluate(state.params, mesh)
         logger.log("eval", dict(step=step, tokens=step * run.tokens_per_step, time=clock(step), eval_loss=eval_loss))
-      if checkpoints is not None and (step % run.checkpoint_every == 0 or step == run.total_steps):
+      if checkpoints is not None and due(step, run.checkpoint_every, run.total_steps):
         _finish_step(logger, run, *pending, clock, wall, lr)  # its record precedes the checkpoint
         pending = None
         checkpoints.save(step, state, dict(data=stream.state(), eval_loss=eval_loss))
@@ -84,7 +85,7 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
 def _finish_step(logger, run: RunConfig, step: int, metrics: dict, clock: Callable[[int], float],
                  wall: Callable[[], float], lr: Callable[[int], float]) -> None:
   """Waits for `step`; logs it when due, with times read after the wait (its completion) and its inner lr."""
-  if step % run.log_every and step != run.total_steps:
+  if not due(step, run.log_every, run.total_steps):
     jax.block_until_ready(metrics)
     return
   m = host(metrics)

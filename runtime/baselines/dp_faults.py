@@ -4,7 +4,7 @@ Both run synchronous steps over every healthy slice. Without elasticity, any fai
 whole job: it loses the steps since its last checkpoint, waits for a hot spare (first come first served; a spare
 is free again when the slice it stood in for is repaired) or the slice's repair, then pays a restart; failures
 meanwhile are handled by the same restart (the goodput simulator's semantics, runtime/sim/model.py). Its
-checkpoints are real: saved with `Checkpoints` (orbax, asynchronous) every `faults.checkpoint_every` steps and
+checkpoints are real: saved with `Checkpoints` (orbax, asynchronous) every `faults.restart_checkpoint_every` steps and
 restored from disk at each restart, whose wall time is reported beside the modeled `faults.restart_seconds`.
 Elastic DP pays a short reconfiguration, continues on the surviving slices with a smaller global batch, and pays
 it again when the slice returns. Their records' `time` is modeled under either clock.
@@ -27,6 +27,7 @@ from runtime.config.run import RunConfig
 from runtime.train.harness import Experiment, RunResult, Stopwatch, make_logger
 from runtime.faults import replay
 from runtime.network import allreduce
+from runtime.periodic import Marks, due
 from runtime.train.optim import inner_lr, inner_optimizer
 from runtime.train.programs import init_state, make_train_step
 
@@ -82,7 +83,7 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
   since_ckpt: list[tuple[float, float]] = []  # (slice-seconds, seconds) of steps a restart would roll back
   clock, failures, restores = Stopwatch(), 0, []
 
-  next_eval = run.eval_every * run.tokens_per_step
+  eval_marks = Marks(run.eval_every * run.tokens_per_step)
   eval_loss = float("nan")
   # A job that fails faster than it checkpoints never finishes; give up after this much modeled time.
   give_up_at = 50 * run.total_steps * step_s
@@ -169,14 +170,14 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
       advanced += step_s
       link_bytes, cross_bytes = link_bytes + comm.link_bytes, cross_bytes + comm.cross_region_bytes
       since_ckpt.append((n * step_s, step_s))
-      if not elastic and steps % f.checkpoint_every == 0:
+      if not elastic and due(steps, f.restart_checkpoint_every):
         save()
         since_ckpt = []
-      if steps % run.log_every == 0:
+      if due(steps, run.log_every):
         logger.log("train", dict(step=steps, tokens=tokens, time=t, loss=float(metrics["loss"]), slices=n,
                                  lr=lr(steps - 1)))
-      if tokens >= next_eval or tokens >= run.token_budget or t >= give_up_at:
-        next_eval += run.eval_every * run.tokens_per_step
+      if eval_marks.reached(tokens) or tokens >= run.token_budget or t >= give_up_at:
+        eval_marks.advance()
         eval_loss = exp.evaluate(state.params, mesh)
         logger.log("eval", dict(step=steps, tokens=tokens, time=t, eval_loss=eval_loss))
     if tokens < run.token_budget:  # gave up: report where the model got to

@@ -12,9 +12,11 @@ from typing import Iterator
 
 import numpy as np
 
+from runtime.config import schedule as schedule_lib
 from runtime.errors import ConfigError, check
 
-_FIELDS = {"lend": ("slices", "time", "duration"), "random": ("slices", "gap", "duration")}
+_FIELDS = {"lend": {"slices": int, "time": float, "duration": float},
+           "random": {"slices": int, "gap": float, "duration": float}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,21 +43,7 @@ class CapacityConfig:
 def parse(text: str) -> tuple[Lend, ...]:
   """Parses the capacity schedule; errors name `capacity.schedule` and what is allowed."""
   items = []
-  for item in filter(None, (part.strip() for part in text.split(";"))):
-    kind, _, args = item.partition(":")
-    kind = kind.strip()
-    if kind not in _FIELDS:
-      raise ConfigError("capacity.schedule", item, f"an item kind in {tuple(_FIELDS)}")
-    values = {}
-    for pair in filter(None, (p.strip() for p in args.split(","))):
-      key, _, raw = pair.partition("=")
-      key = key.strip()
-      if key not in _FIELDS[kind]:
-        raise ConfigError("capacity.schedule", item, f"{kind} fields {list(_FIELDS[kind])}")
-      try:
-        values[key] = int(raw) if key == "slices" else float(raw)
-      except ValueError:
-        raise ConfigError("capacity.schedule", item, f"{key} a number") from None
+  for kind, values, item in schedule_lib.parse(text, "capacity.schedule", _FIELDS, "an item kind", "{key} a number"):
     if set(values) != set(_FIELDS[kind]):
       raise ConfigError("capacity.schedule", item, f"every {kind} field: {list(_FIELDS[kind])}")
     if values["slices"] < 1 or not all(math.isfinite(v) and v >= 0 for v in values.values()):

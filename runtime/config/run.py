@@ -32,6 +32,10 @@ OUTER_GRAD_BASES = ("current", "base")
 OUTER_SCALES = ("fraction", "none")
 POSITIONS = ("rotary", "learned")
 DTYPES = ("float32", "bfloat16")
+# Fields that change nothing a run computes (its records and results): they are not part of a run's name, and a run
+# resumes whatever they are now.
+QUIET_FIELDS = ("progress", "tensorboard", "compile_cache", "backend", "checkpoint_every", "checkpoint_seconds",
+                "checkpoint_keep", "resume")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,8 +195,9 @@ def with_fields(run: RunConfig, fields: dict[str, Any]) -> RunConfig:
   return run
 
 
-# Fields that moved between sections: the error for the old name says where they went.
-_MOVED = {"faults.quarantine_factor": "outer.quarantine_factor", "faults.max_delta_norm": "outer.max_delta_norm"}
+# Fields that moved or were renamed: the error for the old name says where they went.
+MOVED = {"faults.quarantine_factor": "outer.quarantine_factor", "faults.max_delta_norm": "outer.max_delta_norm",
+         "faults.checkpoint_every": "faults.restart_checkpoint_every"}
 
 
 def _tuple(field: dataclasses.Field, name: str, value: Any) -> tuple:
@@ -225,7 +230,7 @@ def _build(cls: type, cfg: ml_collections.ConfigDict | None, prefix: str) -> Any
   values = {}
   for key, value in (cfg.to_dict() if cfg is not None else {}).items():
     if key not in fields:
-      moved = _MOVED.get(f"{prefix}{key}")
+      moved = MOVED.get(f"{prefix}{key}")
       close = difflib.get_close_matches(key, fields, n=1)
       raise ConfigError(f"{prefix}{key}", value, f"only under its new name '{moved}'" if moved else
                         (f"(unknown field; did you mean '{prefix}{close[0]}'?) " if close else "") +
@@ -308,7 +313,7 @@ def validate(run: RunConfig) -> None:
   check(run.checkpoint_every >= 0, "checkpoint_every", run.checkpoint_every, "an integer >= 0 (0 = no checkpoints)")
   check(run.checkpoint_every == 0 or run.mode in CHECKPOINT_MODES, "checkpoint_every", run.checkpoint_every,
         f"0 in mode '{run.mode}': runs resume from checkpoints in modes {CHECKPOINT_MODES} (dp_restart checkpoints "
-        "by faults.checkpoint_every)")
+        "by faults.restart_checkpoint_every)")
   check(run.checkpoint_seconds >= 0, "checkpoint_seconds", run.checkpoint_seconds, "a number >= 0 (0 = none)")
   check(run.checkpoint_seconds == 0 or run.mode in CHECKPOINT_MODES[1:], "checkpoint_seconds",
         run.checkpoint_seconds, f"0 in mode '{run.mode}': allowed in modes {CHECKPOINT_MODES[1:]}")

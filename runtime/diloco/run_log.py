@@ -15,6 +15,7 @@ from runtime.diloco.syncer import MergeResult
 from runtime.train.harness import Experiment, RunResult, Stopwatch, run_time_kind
 from runtime.reporting.metrics import MetricsLogger
 from runtime.network import config as links_config
+from runtime.periodic import Marks
 from runtime.train.optim import inner_lr
 
 PyTree = Any
@@ -40,7 +41,7 @@ class RunLog:
     self.faults: list[dict] = []
     self.eval_loss = float("nan")
     self._evaluated_version = -1
-    self._next_eval = run.eval_every * run.tokens_per_step
+    self._eval_marks = Marks(run.eval_every * run.tokens_per_step)
     self._inner_lr = inner_lr(run.inner, run.total_steps)
 
   def fault(self, kind: str, learner: int, now: float, detail: str) -> None:
@@ -86,10 +87,9 @@ class RunLog:
     """Evaluates Θ when the merged tokens pass the next eval point, or now if forced (once per version)."""
     if force and self._evaluated_version == version:
       return
-    if force or self.tokens_merged >= self._next_eval:
+    if force or self._eval_marks.reached(self.tokens_merged):
       self._evaluated_version = version
-      while self._next_eval <= self.tokens_merged:
-        self._next_eval += self.run.eval_every * self.run.tokens_per_step
+      self._eval_marks.advance_past(self.tokens_merged)
       record = dict(version=version, tokens=self.tokens_merged, time=now, **stamp)
       if self._evaluator is None or force:
         self.record_evals(wait=True)
@@ -113,14 +113,14 @@ class RunLog:
     """The tallies and how many records were written (background evaluations are recorded first)."""
     self.record_evals(wait=True)
     return dict(tokens_merged=self.tokens_merged, merged_ranges=self.merged_ranges, eval_loss=self.eval_loss,
-                evaluated_version=self._evaluated_version, next_eval=self._next_eval, wall=self.wall(),
+                evaluated_version=self._evaluated_version, next_eval=self._eval_marks.next, wall=self.wall(),
                 records=len(self.logger.records))
 
   def restore(self, saved: dict) -> None:
     """The tallies as saved; the merge and fault records are the logger's kept ones."""
     self.tokens_merged, self.eval_loss = saved["tokens_merged"], saved["eval_loss"]
     self.merged_ranges = [tuple(r) for r in saved["merged_ranges"]]
-    self._evaluated_version, self._next_eval = saved["evaluated_version"], saved["next_eval"]
+    self._evaluated_version, self._eval_marks.next = saved["evaluated_version"], saved["next_eval"]
     self.wall = Stopwatch(saved["wall"])
     self.merges = [r for r in self.logger.records if r["kind"] == "merge"]
     self.faults = [r for r in self.logger.records if r["kind"] == "fault"]

@@ -4,11 +4,12 @@ For each seed and row (data-parallel, elastic data-parallel, Decoupled M learner
 simulator draws the failure trace of the row's slices; the runtime replays it in virtual time with real JAX
 programs (`faults.trace`) until its token budget, at modeled time E; the simulator evaluates the same trace cut
 at E, and gives its 95% range over many traces of length E. Both read one set of costs, the run config's:
-faults.{mtbi_chip_seconds, chips_per_slice, repair_seconds, restart_seconds, reconfig_seconds, checkpoint_every,
-learner_recovery}, inner_steps (H) and clock.step_seconds. A restarting learner's spare takes restart_seconds
-(the simulator's restart_s), not spare_swap_seconds. A reconfiguring learner loses the part of its round in flight
-(H - τ steps at most: the smallest unit the runtime dispatches), so the simulator runs with inflight_steps = H - τ;
-`sim_step_loss` is its figure for the paper's loss of one step, the difference that granularity makes.
+faults.{mtbi_chip_seconds, chips_per_slice, repair_seconds, restart_seconds, reconfig_seconds,
+restart_checkpoint_every, learner_recovery}, inner_steps (H) and clock.step_seconds. A restarting learner's spare
+takes restart_seconds (the simulator's restart_s), not spare_swap_seconds. A reconfiguring learner loses the part
+of its round in flight (H - τ steps at most: the smallest unit the runtime dispatches), so the simulator runs with
+inflight_steps = H - τ; `sim_step_loss` is its figure for the paper's loss of one step, the difference that
+granularity makes.
 """
 
 import dataclasses
@@ -49,7 +50,7 @@ def sim_config(run: RunConfig, slices: int, spares: int, horizon_s: float, seeds
       mtbi_years=f.mtbi_chip_seconds / sim_config_lib.SECONDS_PER_YEAR, chips=(slices * f.chips_per_slice,),
       learners=(1,), quorum=run.outer.quorum, slice_chips=f.chips_per_slice, repair_s=f.repair_seconds,
       step_s=run.clock.step_seconds, restart_s=f.restart_seconds, reconfig_s=f.reconfig_seconds,
-      checkpoint_every_steps=f.checkpoint_every, sync_every_steps=run.inner_steps,
+      checkpoint_every_steps=f.restart_checkpoint_every, sync_every_steps=run.inner_steps,
       inflight_steps=run.inner_steps - run.overlap_steps,  # a reconfiguring learner loses the part in flight
       learner_recovery=f.learner_recovery, spare_fraction=spares / slices, round_wait_s=0.0, syncer_mtbi_days=0.0,
       syncer_restart_s=0.0, speed_jitter=0.0, horizon_days=horizon_s / sim_config_lib.SECONDS_PER_DAY, seeds=seeds,

@@ -11,17 +11,19 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from runtime.config import schedule as schedule_lib
 from runtime.errors import ConfigError, check
 
 KINDS = ("crash", "straggler", "corrupt", "link", "bug")
 # What a learner of several slices does when one of them fails; the goodput simulator's options (runtime/sim), with
 # the same meaning: "reconfigure" trains on without it, "restart" goes down and comes back from Θ.
 LEARNER_RECOVERIES = ("reconfigure", "restart")
+# Each kind's fields in sorted order (errors list them so).
 _FIELDS = {
-    "crash": {"learner": int, "time": float, "step": int, "repair": float, "slice": int},
-    "straggler": {"learner": int, "time": float, "duration": float, "factor": float},
-    "corrupt": {"learner": int, "time": float, "how": str},
-    "link": {"learner": int, "time": float, "duration": float, "mode": str},
+    "crash": {"learner": int, "repair": float, "slice": int, "step": int, "time": float},
+    "straggler": {"duration": float, "factor": float, "learner": int, "time": float},
+    "corrupt": {"how": str, "learner": int, "time": float},
+    "link": {"duration": float, "learner": int, "mode": str, "time": float},
     "bug": {"learner": int, "time": float},  # from `time` on, every dispatch of the learner's program fails
 }
 # how=flip|truncate damage a compressed report's payload bytes (runtime/wire/payload.py).
@@ -60,7 +62,9 @@ class FaultConfig:
   spare_swap_seconds: float = 5.0  # a spare slice takes over a crashed learner after this long
   report_timeout_seconds: float = 30.0  # a learner whose report got no answer pulls Θ after this long
   restart_seconds: float = 30.0  # DP without elasticity: restart after every failure
-  checkpoint_every: int = 10  # DP without elasticity: steps between checkpoints (work after is lost)
+  # DP without elasticity: steps between the checkpoints it restarts from (work after the last one is lost); not the
+  # run's own checkpoint_every, from which a killed run resumes
+  restart_checkpoint_every: int = 10
   reconfig_seconds: float = 8.0  # elastic DP, and a learner of several slices that reconfigures: drop or re-add one
   # A learner of several slices (slices_per_learner > 1) that loses one: "reconfigure" (keeps its state and trains on
   # the others, growing back when a slice returns) or "restart" (down, its unmerged work lost, back from Θ on a full
@@ -72,27 +76,8 @@ class FaultConfig:
 def parse_schedule(text: str) -> tuple[Fault, ...]:
   """Parses the schedule text; errors name `faults.schedule` and what is allowed."""
   faults = []
-  for item in filter(None, (part.strip() for part in text.split(";"))):
-    kind, _, args = item.partition(":")
-    kind = kind.strip()
-    if kind not in KINDS:
-      raise ConfigError("faults.schedule", item, f"a fault kind in {KINDS}")
-    values = {}
-    for pair in filter(None, (p.strip() for p in args.split(","))):
-      key, _, raw = pair.partition("=")
-      key = key.strip()
-      if key not in _FIELDS[kind]:
-        raise ConfigError("faults.schedule", item, f"{kind} fields {sorted(_FIELDS[kind])}")
-      try:
-        values[key] = _FIELDS[kind][key](raw.strip())
-      except ValueError:
-        raise ConfigError("faults.schedule", item, f"{key} of type {_FIELDS[kind][key].__name__}") from None
-      if isinstance(values[key], float) and not math.isfinite(values[key]):
-        raise ConfigError("faults.schedule", item, f"{key} a finite number")
-      if key in ("learner", "duration", "factor", "slice") and values[key] < 0:
-        raise ConfigError("faults.schedule", item, f"{key} >= 0")
-      if key in _CHOICES and values[key] not in _CHOICES[key]:
-        raise ConfigError("faults.schedule", item, f"{key} in {_CHOICES[key]}")
+  for kind, values, item in schedule_lib.parse(text, "faults.schedule", _FIELDS, "a fault kind",
+                                               "{key} of type {type}", _value_problem):
     if "learner" not in values:
       raise ConfigError("faults.schedule", item, "a learner=M field")
     fault = Fault(kind, **values, text=item)
@@ -100,6 +85,17 @@ def parse_schedule(text: str) -> tuple[Fault, ...]:
       raise ConfigError("faults.schedule", item, "exactly one of time >= 0 or step >= 0 (step: crash only)")
     faults.append(fault)
   return tuple(faults)
+
+
+def _value_problem(key: str, value: Any) -> str | None:
+  """What a fault field's value needs, or None when it is allowed."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return f"{key} a finite number"
+  if key in ("learner", "duration", "factor", "slice") and value < 0:
+    return f"{key} >= 0"
+  if key in _CHOICES and value not in _CHOICES[key]:
+    return f"{key} in {_CHOICES[key]}"
+  return None
 
 
 def crash_times(cfg: FaultConfig, slice_index: int, seed: int) -> Iterator[tuple[float, float]]:
@@ -253,7 +249,8 @@ def validate(run) -> None:
                "restart_seconds", "reconfig_seconds"):
     check(getattr(f, name) >= 0, f"faults.{name}", getattr(f, name), "a float >= 0")
   check(f.chips_per_slice >= 1, "faults.chips_per_slice", f.chips_per_slice, "an integer >= 1")
-  check(f.checkpoint_every >= 1, "faults.checkpoint_every", f.checkpoint_every, "an integer >= 1")
+  check(f.restart_checkpoint_every >= 1, "faults.restart_checkpoint_every", f.restart_checkpoint_every,
+        "an integer >= 1")
   check(f.learner_recovery in LEARNER_RECOVERIES, "faults.learner_recovery", f.learner_recovery,
         f"one of {LEARNER_RECOVERIES}")
   for fault in f.schedule:

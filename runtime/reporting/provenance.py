@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-from runtime.config.run import RunConfig
+from runtime.config.run import QUIET_FIELDS, RunConfig
 from runtime.errors import UsageError
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "ml-collections", "absl-py", "numpy",
@@ -52,10 +52,6 @@ def environment() -> dict[str, Any]:
       device_kind=devices[0].device_kind, xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
-_QUIET = ("progress", "tensorboard", "compile_cache", "resume", "backend", "checkpoint_every", "checkpoint_keep",
-          "checkpoint_seconds")  # same numbers
-
-
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
   if isinstance(tree, dict):
     return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
@@ -88,7 +84,7 @@ def claim(workdir: str | os.PathLike, name: str, run: RunConfig, resumable: bool
   record = run_dir / "run.json"
   if run.resume and record.exists():
     old, new = _flat(json.loads(record.read_text())["config"]), _flat(_config_json(run))
-    differ = [k for k in sorted(set(old) | set(new)) if k.split(".")[0] not in _QUIET and old.get(k) != new.get(k)]
+    differ = [k for k in sorted(set(old) | set(new)) if k not in QUIET_FIELDS and old.get(k) != new.get(k)]
     if differ:
       raise UsageError(f"--workdir={workdir}: run '{name}' there has a different config ("
                        + "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:8])

@@ -1,0 +1,31 @@
+"""Fields that change nothing a run computes: one list, read by the run's name and by resume's config check."""
+
+import dataclasses
+
+import pytest
+
+from configs import smoke
+from runtime import cli
+from runtime.config.run import QUIET_FIELDS, RunConfig, from_config_dict
+from runtime.errors import UsageError
+from runtime.reporting import provenance
+
+_CHANGED = dict(progress=False, tensorboard=False, compile_cache="", backend="pathways", checkpoint_every=7,
+                checkpoint_seconds=30.0, checkpoint_keep=9, resume=True)
+
+
+def test_every_quiet_field_is_a_run_config_field_and_changed_below():
+  assert set(QUIET_FIELDS) <= {f.name for f in dataclasses.fields(RunConfig)}
+  assert set(_CHANGED) == set(QUIET_FIELDS)
+
+
+def test_a_quiet_field_is_not_part_of_a_runs_name():
+  assert cli.varied({**_CHANGED, "outer.quorum": 2}) == "outer.quorum=2"
+
+
+def test_a_run_resumes_whatever_its_quiet_fields_are_now(tmp_path):
+  run = from_config_dict(smoke.get_config())
+  provenance.write(run, tmp_path / "decoupled", "decoupled")
+  assert provenance.claim(tmp_path, "decoupled", dataclasses.replace(run, **_CHANGED), resumable=True) == "decoupled"
+  with pytest.raises(UsageError, match="inner_steps: 10 there, 11 now"):
+    provenance.claim(tmp_path, "decoupled", dataclasses.replace(run, inner_steps=11), resumable=True)
