@@ -22,7 +22,7 @@ _PARALLEL = flags.DEFINE_integer("parallel", 1, "Points run at once, each in its
 
 def main(argv: list[str]) -> None:
   del argv
-  from runtime import sweep  # pylint: disable=g-import-not-at-top
+  from runtime.experiments import sweep  # pylint: disable=g-import-not-at-top
   base = [f"--config.{field}={cli.typed_text(value)}" for field, value in cli.overrides().items()]
   points = cli.guarded(sweep.parse, _SWEEP.value, _KIND.value)
   try:

@@ -188,7 +188,7 @@ def measure(config: ml_collections.ConfigDict, warmup_rounds: int, route: str) -
 def probe_aot_reuse() -> str:
   """Whether a round program compiled ahead of time for one slice runs on another slice's inputs (2 devices)."""
   from runtime.config.run import from_config_dict  # pylint: disable=g-import-not-at-top
-  from runtime import devices as devices_lib  # pylint: disable=g-import-not-at-top
+  from runtime.cluster import devices as devices_lib  # pylint: disable=g-import-not-at-top
   from runtime.train.optim import inner_optimizer  # pylint: disable=g-import-not-at-top
   from runtime.train.programs import init_state, make_round  # pylint: disable=g-import-not-at-top
   from models import lm  # pylint: disable=g-import-not-at-top

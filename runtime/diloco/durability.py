@@ -28,6 +28,7 @@ from runtime.diloco.run_log import RunLog
 from runtime.diloco.slice_lifecycle import SliceLifecycle
 from runtime.diloco.syncer import Syncer
 from runtime.network.links import Links
+from runtime.periodic import SinceLast
 
 
 class Durability:
@@ -45,7 +46,7 @@ class Durability:
     if directory is not None and (run.checkpoint_every or run.checkpoint_seconds):
       self.checkpoints = Checkpoints(pathlib.Path(directory) / name / "checkpoints", run.checkpoint_keep)
     self.merges_done = 0  # merges handled (committed or not): checkpoints are numbered by them
-    self._saved = (0, 0.0)  # merges_done and clock time at the last checkpoint
+    self._schedule = SinceLast(run.checkpoint_every, run.checkpoint_seconds)  # from the last checkpoint
     self.finished = False  # restored from the checkpoint a finished run saved last
     self.saves: list[tuple[float, float, bool]] = []  # per checkpoint: (clock time, seconds held up, final)
 
@@ -70,10 +71,7 @@ class Durability:
       self.checkpoints.close(quiet=True)
 
   def _due(self) -> bool:
-    merges, at = self._saved
-    every, seconds = self._run.checkpoint_every, self._run.checkpoint_seconds
-    return self.checkpoints is not None and bool((every and self.merges_done - merges >= every)
-                                                 or (seconds and self._clock.now() - at >= seconds))
+    return self.checkpoints is not None and self._schedule.due(self.merges_done, self._clock.now())
 
   def save(self, step: int) -> None:
     """Saves everything that decides the rest of the run, holding the controller up only for its snapshot.
@@ -98,7 +96,7 @@ class Durability:
       return arrays, dict(meta, failed=failed, arrays=shapes)
 
     self.checkpoints.save_async(step, gather)
-    self._saved = (self.merges_done, self._clock.now())
+    self._schedule.done(self.merges_done, self._clock.now())
     self.saves.append((self._clock.now(), time.perf_counter() - start, self.finished))
 
   def figures(self) -> dict:
@@ -138,7 +136,7 @@ class Durability:
     self._merges.restore(meta)
     self._rounds.restore(meta)
     self.merges_done, self.finished = meta["merges_done"], meta["finished"]
-    self._saved = (self.merges_done, self._clock.now())
+    self._schedule.done(self.merges_done, self._clock.now())
     logging.info("%s: resumed from %s (merge %d, %d tokens merged)", self._name,
                  self.checkpoints.directory / str(step), self.merges_done, meta["log"]["tokens_merged"])
     return meta["log"]
