@@ -53,7 +53,8 @@ MUTATIONS = {
         "runtime/train/programs.py", "opt_state=schedule_at(tx.init(params), step)", "opt_state=tx.init(params)",
         "tests/test_learner.py::test_reset_starts_fresh_inner_state_at_the_learners_own_step"),
     "quorum_strictly_greater": (
-        "runtime/diloco/syncer.py", "len(self._pending) >= self.quorum(able)", "len(self._pending) > self.quorum(able)",
+        "runtime/diloco/syncer.py", "sum(r.fragment == p for r in self._pending) >= self.quorum(able[p])",
+        "sum(r.fragment == p for r in self._pending) > self.quorum(able[p])",
         "tests/test_syncer.py::test_quorum_is_reached_at_exactly_k_reports_and_never_exceeds_the_learners_able"),
     "evaluations_on_the_controller_thread": (
         "runtime/diloco/controller.py", 'background_evals=self.run.clock.kind == "real"', "background_evals=False",
@@ -63,7 +64,7 @@ MUTATIONS = {
         "heapq.heappush(self._heap, (at, __import__('random').random(), event))",
         "tests/test_clock.py::test_virtual_events_pop_in_time_order_and_ties_in_scheduling_order"),
     "config_accepts_non_finite_numbers": (
-        "runtime/config/run.py", "check(ok and (not isinstance(value, float) or math.isfinite(value)), name, value, allowed)",
+        "runtime/errors.py", "check(ok and (not isinstance(value, float) or math.isfinite(value)), name, value, allowed)",
         "check(ok, name, value, allowed)",
         "tests/test_config.py::test_values_a_user_can_type_that_are_not_allowed"),
     "misspelled_override_not_caught_before_absl": (
@@ -89,7 +90,7 @@ MUTATIONS = {
         "runtime/network/links.py", 'self._faults = {m: (until, mode) for m, until, mode in saved["faults"]}', "pass",
         _RESUME_TEST),
     "resume_forgets_a_failed_program_in_flight": (
-        "runtime/diloco/learner.py", 'failure = part["failure"] or failure', "failure = failure", _RESUME_TEST),
+        "runtime/diloco/learner_snapshot.py", 'failure = part["failure"] or failure', "failure = failure", _RESUME_TEST),
     "resume_zeroes_the_error_feedback_residual": (
         "runtime/wire/uplink.py", 'self.residual = unpacker.tree(saved["residual"], place, where=group)',
         'self.residual = jax.tree.map(lambda r: r * 0, unpacker.tree(saved["residual"], place, where=group))',
@@ -99,7 +100,7 @@ MUTATIONS = {
         "tests/test_program_errors.py::"
         "test_a_program_error_at_dispatch_or_when_awaited_stops_its_learner_once_and_the_others_reach_the_budget"),
     "stopped_learner_counted_in_the_quorum": (
-        "runtime/diloco/controller.py", "l.status not in (DOWN, DONE, FAILED, ABSENT)", "l.status not in (DOWN, DONE, ABSENT)",
+        "runtime/diloco/merging.py", "l.status not in (DOWN, DONE, FAILED, ABSENT)", "l.status not in (DOWN, DONE, ABSENT)",
         "tests/test_program_errors.py::"
         "test_a_program_error_at_dispatch_or_when_awaited_stops_its_learner_once_and_the_others_reach_the_budget"),
     "sim_repair_overlaps_idle_counted_twice": (
