@@ -118,6 +118,10 @@ MUTATIONS = {
         "  goodput = rounds * float(useful.sum()) / allocated",
         "tests/test_cluster_sim.py::"
         "test_jitter_costs_a_synchronous_group_its_wait_for_the_slowest_slice_and_lone_slices_nothing"),
+    "lent_learner_restarts_its_inner_warmup": (
+        "runtime/diloco/membership.py",
+        "      learner.total_steps = self.tokens_dispatched // self.run.tokens_per_step\n", "",
+        "tests/test_membership.py::test_a_lent_learner_joins_where_the_run_stands_in_the_inner_schedule"),
     "checkpoint_digest_reads_only_the_first_mib": (
         "runtime/checkpoint/store.py",
         "      for block in iter(lambda: f.read(1 << 20), b\"\"):\n        sha.update(block)\n",
