@@ -122,6 +122,16 @@ MUTATIONS = {
         "runtime/diloco/membership.py",
         "      learner.total_steps = self.tokens_dispatched // self.run.tokens_per_step\n", "",
         "tests/test_membership.py::test_a_lent_learner_joins_where_the_run_stands_in_the_inner_schedule"),
+    "quorum_wait_from_the_last_report": (
+        "runtime/diloco/syncer.py",
+        "self.xi_quorum.update(now - min(r.sent_at for r in self._pending if r.fragment == fragment))",
+        "self.xi_quorum.update(now - max(r.sent_at for r in self._pending if r.fragment == fragment))",
+        "tests/test_syncer.py::test_the_quorum_wait_behind_the_adaptive_grace_runs_from_the_fragments_first_waiting_report"),
+    "quorum_wait_from_another_fragments_report": (
+        "runtime/diloco/syncer.py",
+        "self.xi_quorum.update(now - min(r.sent_at for r in self._pending if r.fragment == fragment))",
+        "self.xi_quorum.update(now - min(r.sent_at for r in self._pending))",
+        "tests/test_syncer.py::test_the_quorum_wait_behind_the_adaptive_grace_runs_from_the_fragments_first_waiting_report"),
     "checkpoint_digest_reads_only_the_first_mib": (
         "runtime/checkpoint/store.py",
         "      for block in iter(lambda: f.read(1 << 20), b\"\"):\n        sha.update(block)\n",
