@@ -16,6 +16,10 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 _RESUME_TEST = "tests/test_resume.py::test_killed_mid_flight_four_times_the_run_ends_bit_identical_to_one_never_killed"
+_SHRINK_TEST = ("tests/test_learner_slices.py::"
+                "test_losing_one_slice_it_trains_on_with_the_other_and_grows_back_when_the_slice_is_repaired")
+_FRAGMENT_ACCOUNTING_TEST = ("tests/test_fragment_accounting.py::"
+                             "test_a_fragments_merge_weight_counts_every_step_since_it_was_received_overlap_included")
 
 # name: (file, text, mutated text, the test that must catch it)
 MUTATIONS = {
@@ -132,6 +136,40 @@ MUTATIONS = {
         "self.xi_quorum.update(now - min(r.sent_at for r in self._pending if r.fragment == fragment))",
         "self.xi_quorum.update(now - min(r.sent_at for r in self._pending))",
         "tests/test_syncer.py::test_the_quorum_wait_behind_the_adaptive_grace_runs_from_the_fragments_first_waiting_report"),
+    "fragment_marked_at_receipt_not_at_report": (
+        "runtime/diloco/fragment_trees.py", "      self.versions[p], self._marks[p] = version, self._at_report\n",
+        "      self.versions[p], self._marks[p] = version, (tokens, steps)\n", _FRAGMENT_ACCOUNTING_TEST),
+    "fragment_weighted_by_its_rounds_tokens": (
+        "runtime/diloco/syncer.py", "weights = averaging.token_weight(*zip(*(r.trained() for r in kept)))",
+        "weights = averaging.token_weight(*zip(*((r.tokens, r.steps) for r in kept)))", _FRAGMENT_ACCOUNTING_TEST),
+    "error_feedback_residual_never_added": (
+        "runtime/wire/uplink.py", "    delta = jax.tree.map(jnp.add, delta, residual)\n", "",
+        "tests/test_compression.py::test_error_feedback_conserves_what_was_sent_plus_the_residual[int4-extra0]"),
+    "restart_keeps_the_error_feedback_residual": (
+        "runtime/wire/uplink.py", "if self.cfg.error_feedback and not (keep_residual and self.residual is not None):",
+        "if self.cfg.error_feedback and self.residual is None:",
+        "tests/test_compression.py::test_error_feedback_conserves_what_was_sent_plus_the_residual[int4-extra0]"),
+    "mirror_assumes_theta_arrived_uncompressed": (
+        "runtime/wire/downlink.py", "    mirror = _add(_host(base), self.codec.decode(parts))\n",
+        "    mirror = _host(theta)\n",
+        "tests/test_theta_down.py::test_every_theta_a_learner_adopts_equals_the_syncers_mirror_bit_for_bit[int4]"),
+    "data_service_forgets_given_back_serials": (
+        "runtime/data/service.py", "      self._returned.extend(int(s) for s in serials)\n", "      pass\n",
+        "tests/test_data_service.py::test_serials_are_never_handed_to_two_holders_and_none_is_lost"),
+    "leased_stream_keeps_what_it_gave_back": (
+        "runtime/data/service.py", "      self._leases = self._leases[:cut]\n", "",
+        "tests/test_data_service.py::"
+        "test_a_leased_stream_serves_only_leased_batches_and_gives_back_what_it_never_trains"),
+    "shrink_pays_no_reconfiguration": (
+        "runtime/diloco/reconfiguration.py",
+        "self.clock.after(self.run.faults.reconfig_seconds, Event(\"reconfigured\", m, resume))",
+        "self.clock.after(0.0, Event(\"reconfigured\", m, resume))", _SHRINK_TEST),
+    "shrunk_learner_steps_as_fast_as_a_full_one": (
+        "runtime/diloco/reconfiguration.py", "return self.run.slices_per_learner / len(learner.slices)", "return 1.0",
+        _SHRINK_TEST),
+    "snapshot_places_one_tree_for_every_placement": (
+        "runtime/checkpoint/snapshot.py", "key = (tuple(encoded[\"keys\"]), where)", "key = (tuple(encoded[\"keys\"]),)",
+        "tests/test_snapshot.py::test_shared_arrays_are_stored_once_and_unpacked_once_per_placement"),
     "checkpoint_digest_reads_only_the_first_mib": (
         "runtime/checkpoint/store.py",
         "      for block in iter(lambda: f.read(1 << 20), b\"\"):\n        sha.update(block)\n",
