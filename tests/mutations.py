@@ -4,7 +4,8 @@ Run from the repository root:  python tests/mutations.py [NAME ...]   (about 4 m
 
 Each mutation is applied to a copy of the working tree, and only the test named for it runs there;
 the line printed says CAUGHT (the test failed, as it must) or MISSED. A mutation whose text no longer
-appears exactly once in its file is reported as STALE: update it with the code it guards.
+appears exactly once in its file is reported as STALE: update it with the code it guards (the default suite's
+tests/test_mutations_current.py fails on a stale one first).
 """
 
 import pathlib
@@ -16,6 +17,8 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 _RESUME_TEST = "tests/test_resume.py::test_killed_mid_flight_four_times_the_run_ends_bit_identical_to_one_never_killed"
+_GRACE_TEST = ("tests/test_syncer.py::"
+               "test_the_quorum_wait_behind_the_adaptive_grace_runs_from_the_fragments_first_waiting_report")
 _SHRINK_TEST = ("tests/test_learner_slices.py::"
                 "test_losing_one_slice_it_trains_on_with_the_other_and_grows_back_when_the_slice_is_repaired")
 _FRAGMENT_ACCOUNTING_TEST = ("tests/test_fragment_accounting.py::"
@@ -52,7 +55,8 @@ MUTATIONS = {
         "", "tests/test_diloco.py::test_a_learner_finishing_its_budget_lowers_the_quorum_and_the_last_reports_merge"),
     "diverging_outer_step_committed": (
         "runtime/diloco/syncer.py", "    if reason:  # Θ would diverge:", "    if False:  # Θ would diverge:",
-        "tests/test_syncer.py::test_an_absurd_outer_step_is_never_committed_and_persistent_failure_names_the_likely_field"),
+        "tests/test_syncer.py::"
+        "test_an_absurd_outer_step_is_never_committed_and_persistent_failure_names_the_likely_field"),
     "inner_schedule_restarts_on_reset": (
         "runtime/train/programs.py", "opt_state=schedule_at(tx.init(params), step)", "opt_state=tx.init(params)",
         "tests/test_learner.py::test_reset_starts_fresh_inner_state_at_the_learners_own_step"),
@@ -68,7 +72,8 @@ MUTATIONS = {
         "heapq.heappush(self._heap, (at, __import__('random').random(), event))",
         "tests/test_clock.py::test_virtual_events_pop_in_time_order_and_ties_in_scheduling_order"),
     "config_accepts_non_finite_numbers": (
-        "runtime/errors.py", "check(ok and (not isinstance(value, float) or math.isfinite(value)), name, value, allowed)",
+        "runtime/errors.py",
+        "check(ok and (not isinstance(value, float) or math.isfinite(value)), name, value, allowed)",
         "check(ok, name, value, allowed)",
         "tests/test_config.py::test_values_a_user_can_type_that_are_not_allowed"),
     "misspelled_override_not_caught_before_absl": (
@@ -78,9 +83,11 @@ MUTATIONS = {
         "runtime/cli.py", "        print(config_docs.help_text(config, path.partition(\":\")[0]))\n", "",
         "tests/test_cli.py::test_train_help_mentions_every_field_of_the_default_config_with_its_meaning"),
     "sweep_reruns_finished_points": (
-        "runtime/experiments/sweep.py", "todo = [p for p in points if not (workdir / p.name / summary.RESULTS_FILE).exists()]",
+        "runtime/experiments/sweep.py",
+        "todo = [p for p in points if not (workdir / p.name / summary.RESULTS_FILE).exists()]",
         "todo = list(points)",
-        "tests/test_sweep.py::test_a_two_by_two_sweep_writes_one_table_and_plot_and_a_second_invocation_skips_finished_points"),
+        "tests/test_sweep.py::"
+        "test_a_two_by_two_sweep_writes_one_table_and_plot_and_a_second_invocation_skips_finished_points"),
     "checkpoint_digest_ignored": (
         "runtime/checkpoint/store.py", "if digest.read_text().strip() != _digest(step_dir):", "if False:",
         "tests/test_checkpoint.py::test_a_damaged_latest_checkpoint_is_skipped_with_a_warning_naming_it"),
@@ -89,12 +96,14 @@ MUTATIONS = {
         "tests/test_checkpoint.py::test_a_killed_data_parallel_run_resumes_and_ends_bit_identical_to_an_unkilled_one"),
     "resume_forgets_the_goodput_ledger": (
         "runtime/diloco/ledger.py",
-        'self.useful_seconds, self.lost_seconds = saved["useful_seconds"], saved["lost_seconds"]', "pass", _RESUME_TEST),
+        'self.useful_seconds, self.lost_seconds = saved["useful_seconds"], saved["lost_seconds"]', "pass",
+        _RESUME_TEST),
     "resume_forgets_a_link_fault": (
         "runtime/network/links.py", 'self._faults = {m: (until, mode) for m, until, mode in saved["faults"]}', "pass",
         _RESUME_TEST),
     "resume_forgets_a_failed_program_in_flight": (
-        "runtime/diloco/learner_snapshot.py", 'failure = part["failure"] or failure', "failure = failure", _RESUME_TEST),
+        "runtime/diloco/learner_snapshot.py", 'failure = part["failure"] or failure', "failure = failure",
+        _RESUME_TEST),
     "resume_zeroes_the_error_feedback_residual": (
         "runtime/wire/uplink.py", 'self.residual = unpacker.tree(saved["residual"], place, where=group)',
         'self.residual = jax.tree.map(lambda r: r * 0, unpacker.tree(saved["residual"], place, where=group))',
@@ -104,7 +113,8 @@ MUTATIONS = {
         "tests/test_program_errors.py::"
         "test_a_program_error_at_dispatch_or_when_awaited_stops_its_learner_once_and_the_others_reach_the_budget"),
     "stopped_learner_counted_in_the_quorum": (
-        "runtime/diloco/merging.py", "l.status not in (DOWN, DONE, FAILED, ABSENT)", "l.status not in (DOWN, DONE, ABSENT)",
+        "runtime/diloco/merging.py", "l.status not in (DOWN, DONE, FAILED, ABSENT)",
+        "l.status not in (DOWN, DONE, ABSENT)",
         "tests/test_program_errors.py::"
         "test_a_program_error_at_dispatch_or_when_awaited_stops_its_learner_once_and_the_others_reach_the_budget"),
     "sim_repair_overlaps_idle_counted_twice": (
@@ -130,12 +140,12 @@ MUTATIONS = {
         "runtime/diloco/syncer.py",
         "self.xi_quorum.update(now - min(r.sent_at for r in self._pending if r.fragment == fragment))",
         "self.xi_quorum.update(now - max(r.sent_at for r in self._pending if r.fragment == fragment))",
-        "tests/test_syncer.py::test_the_quorum_wait_behind_the_adaptive_grace_runs_from_the_fragments_first_waiting_report"),
+        _GRACE_TEST),
     "quorum_wait_from_another_fragments_report": (
         "runtime/diloco/syncer.py",
         "self.xi_quorum.update(now - min(r.sent_at for r in self._pending if r.fragment == fragment))",
         "self.xi_quorum.update(now - min(r.sent_at for r in self._pending))",
-        "tests/test_syncer.py::test_the_quorum_wait_behind_the_adaptive_grace_runs_from_the_fragments_first_waiting_report"),
+        _GRACE_TEST),
     "fragment_marked_at_receipt_not_at_report": (
         "runtime/diloco/fragment_trees.py", "      self.versions[p], self._marks[p] = version, self._at_report\n",
         "      self.versions[p], self._marks[p] = version, (tokens, steps)\n", _FRAGMENT_ACCOUNTING_TEST),
@@ -168,7 +178,8 @@ MUTATIONS = {
         "runtime/diloco/reconfiguration.py", "return self.run.slices_per_learner / len(learner.slices)", "return 1.0",
         _SHRINK_TEST),
     "snapshot_places_one_tree_for_every_placement": (
-        "runtime/checkpoint/snapshot.py", "key = (tuple(encoded[\"keys\"]), where)", "key = (tuple(encoded[\"keys\"]),)",
+        "runtime/checkpoint/snapshot.py", "key = (tuple(encoded[\"keys\"]), where)",
+        "key = (tuple(encoded[\"keys\"]),)",
         "tests/test_snapshot.py::test_shared_arrays_are_stored_once_and_unpacked_once_per_placement"),
     "checkpoint_digest_reads_only_the_first_mib": (
         "runtime/checkpoint/store.py",
@@ -187,8 +198,8 @@ def check(name: str) -> str:
     if source.count(text) != 1:
       return f"{name}: STALE ({path} holds its text {source.count(text)} times)"
     (copy / path).write_text(source.replace(text, mutated))
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow", test], cwd=copy,
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow",
+                             test], cwd=copy, capture_output=True, text=True, check=False)
   return f"{name}: {'CAUGHT' if result.returncode == 1 else 'MISSED'} by {test}"
 
 
