@@ -153,7 +153,7 @@ MUTATIONS = {
         "runtime/diloco/syncer.py", "weights = averaging.token_weight(*zip(*(r.trained() for r in kept)))",
         "weights = averaging.token_weight(*zip(*((r.tokens, r.steps) for r in kept)))", _FRAGMENT_ACCOUNTING_TEST),
     "error_feedback_residual_never_added": (
-        "runtime/wire/uplink.py", "    delta = jax.tree.map(jnp.add, delta, residual)\n", "",
+        "runtime/wire/uplink.py", "    delta = jax.tree.map(jnp.add, delta, residual)\n", "    pass\n",
         "tests/test_compression.py::test_error_feedback_conserves_what_was_sent_plus_the_residual[int4-extra0]"),
     "restart_keeps_the_error_feedback_residual": (
         "runtime/wire/uplink.py", "if self.cfg.error_feedback and not (keep_residual and self.residual is not None):",

@@ -1,5 +1,6 @@
-"""The mutation list (tests/mutations.py) stays current: every mutation's text occurs exactly once in its file and
-names a test that exists, so no refactor can leave a guard that mutates nothing."""
+"""The mutation list (tests/mutations.py) stays current: every mutation's text occurs exactly once in its file, the
+mutated file is still Python, and it names a test that exists, so no refactor can leave a guard that mutates nothing
+and no mutation is "caught" by a syntax error."""
 
 import re
 
@@ -13,6 +14,12 @@ def test_every_mutations_text_occurs_exactly_once_in_its_file(name):
   path, text, mutated, _ = mutations.MUTATIONS[name]
   assert text != mutated
   assert (mutations.ROOT / path).read_text().count(text) == 1, f"{name}: update its text to the code it guards"
+
+
+@pytest.mark.parametrize("name", sorted(mutations.MUTATIONS))
+def test_every_mutated_file_still_compiles(name):
+  path, text, mutated, _ = mutations.MUTATIONS[name]
+  compile((mutations.ROOT / path).read_text().replace(text, mutated), path, "exec")
 
 
 @pytest.mark.parametrize("name", sorted(mutations.MUTATIONS))
