@@ -176,7 +176,8 @@ MUTATIONS = {
         "self.clock.after(0.0, Event(\"reconfigured\", m, resume))", _SHRINK_TEST),
     "shrunk_learner_steps_as_fast_as_a_full_one": (
         "runtime/diloco/reconfiguration.py", "return self.run.slices_per_learner / len(learner.slices)", "return 1.0",
-        _SHRINK_TEST),
+        "tests/test_shrunk_learner_timing.py::"
+        "test_a_learner_shrunk_to_one_of_its_two_slices_takes_twice_as_long_per_step"),
     "snapshot_places_one_tree_for_every_placement": (
         "runtime/checkpoint/snapshot.py", "key = (tuple(encoded[\"keys\"]), where)",
         "key = (tuple(encoded[\"keys\"]),)",
