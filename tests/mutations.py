@@ -1,10 +1,12 @@
 """Mutation check of the core's guards: each plausible bug below must make its named test fail.
 
-Run from the repository root:  python tests/mutations.py [NAME ...]   (about 4 minutes on 2 cores)
+Run from the repository root:  python tests/mutations.py [NAME ...]   (each mutation runs only its test: seconds
+for a unit test, minutes for a run killed and resumed; the whole list takes tens of minutes on 2 cores)
 
 Each mutation is applied to a copy of the working tree, and only the test named for it runs there;
 the line printed says CAUGHT (the test failed, as it must) or MISSED. A mutation whose text no longer
-appears exactly once in its file is reported as STALE: update it with the code it guards.
+appears exactly once in its file is reported as STALE: update it with the code it guards (the default suite's
+tests/test_mutations_current.py fails on a stale one first).
 """
 
 import pathlib
@@ -16,6 +18,12 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 _RESUME_TEST = "tests/test_resume.py::test_killed_mid_flight_four_times_the_run_ends_bit_identical_to_one_never_killed"
+_GRACE_TEST = ("tests/test_syncer.py::"
+               "test_the_quorum_wait_behind_the_adaptive_grace_runs_from_the_fragments_first_waiting_report")
+_SHRINK_TEST = ("tests/test_learner_slices.py::"
+                "test_losing_one_slice_it_trains_on_with_the_other_and_grows_back_when_the_slice_is_repaired")
+_FRAGMENT_ACCOUNTING_TEST = ("tests/test_fragment_accounting.py::"
+                             "test_a_fragments_merge_weight_counts_every_step_since_it_was_received_overlap_included")
 
 # name: (file, text, mutated text, the test that must catch it)
 MUTATIONS = {
@@ -48,12 +56,14 @@ MUTATIONS = {
         "", "tests/test_diloco.py::test_a_learner_finishing_its_budget_lowers_the_quorum_and_the_last_reports_merge"),
     "diverging_outer_step_committed": (
         "runtime/diloco/syncer.py", "    if reason:  # Θ would diverge:", "    if False:  # Θ would diverge:",
-        "tests/test_syncer.py::test_an_absurd_outer_step_is_never_committed_and_persistent_failure_names_the_likely_field"),
+        "tests/test_syncer.py::"
+        "test_an_absurd_outer_step_is_never_committed_and_persistent_failure_names_the_likely_field"),
     "inner_schedule_restarts_on_reset": (
         "runtime/train/programs.py", "opt_state=schedule_at(tx.init(params), step)", "opt_state=tx.init(params)",
         "tests/test_learner.py::test_reset_starts_fresh_inner_state_at_the_learners_own_step"),
     "quorum_strictly_greater": (
-        "runtime/diloco/syncer.py", "len(self._pending) >= self.quorum(able)", "len(self._pending) > self.quorum(able)",
+        "runtime/diloco/syncer.py", "sum(r.fragment == p for r in self._pending) >= self.quorum(able[p])",
+        "sum(r.fragment == p for r in self._pending) > self.quorum(able[p])",
         "tests/test_syncer.py::test_quorum_is_reached_at_exactly_k_reports_and_never_exceeds_the_learners_able"),
     "evaluations_on_the_controller_thread": (
         "runtime/diloco/controller.py", 'background_evals=self.run.clock.kind == "real"', "background_evals=False",
@@ -63,7 +73,8 @@ MUTATIONS = {
         "heapq.heappush(self._heap, (at, __import__('random').random(), event))",
         "tests/test_clock.py::test_virtual_events_pop_in_time_order_and_ties_in_scheduling_order"),
     "config_accepts_non_finite_numbers": (
-        "runtime/config/run.py", "check(ok and (not isinstance(value, float) or math.isfinite(value)), name, value, allowed)",
+        "runtime/errors.py",
+        "check(ok and (not isinstance(value, float) or math.isfinite(value)), name, value, allowed)",
         "check(ok, name, value, allowed)",
         "tests/test_config.py::test_values_a_user_can_type_that_are_not_allowed"),
     "misspelled_override_not_caught_before_absl": (
@@ -73,9 +84,11 @@ MUTATIONS = {
         "runtime/cli.py", "        print(config_docs.help_text(config, path.partition(\":\")[0]))\n", "",
         "tests/test_cli.py::test_train_help_mentions_every_field_of_the_default_config_with_its_meaning"),
     "sweep_reruns_finished_points": (
-        "runtime/experiments/sweep.py", "todo = [p for p in points if not (workdir / p.name / summary.RESULTS_FILE).exists()]",
+        "runtime/experiments/sweep.py",
+        "todo = [p for p in points if not (workdir / p.name / summary.RESULTS_FILE).exists()]",
         "todo = list(points)",
-        "tests/test_sweep.py::test_a_two_by_two_sweep_writes_one_table_and_plot_and_a_second_invocation_skips_finished_points"),
+        "tests/test_sweep.py::"
+        "test_a_two_by_two_sweep_writes_one_table_and_plot_and_a_second_invocation_skips_finished_points"),
     "checkpoint_digest_ignored": (
         "runtime/checkpoint/store.py", "if digest.read_text().strip() != _digest(step_dir):", "if False:",
         "tests/test_checkpoint.py::test_a_damaged_latest_checkpoint_is_skipped_with_a_warning_naming_it"),
@@ -84,12 +97,14 @@ MUTATIONS = {
         "tests/test_checkpoint.py::test_a_killed_data_parallel_run_resumes_and_ends_bit_identical_to_an_unkilled_one"),
     "resume_forgets_the_goodput_ledger": (
         "runtime/diloco/ledger.py",
-        'self.useful_seconds, self.lost_seconds = saved["useful_seconds"], saved["lost_seconds"]', "pass", _RESUME_TEST),
+        'self.useful_seconds, self.lost_seconds = saved["useful_seconds"], saved["lost_seconds"]', "pass",
+        _RESUME_TEST),
     "resume_forgets_a_link_fault": (
         "runtime/network/links.py", 'self._faults = {m: (until, mode) for m, until, mode in saved["faults"]}', "pass",
         _RESUME_TEST),
     "resume_forgets_a_failed_program_in_flight": (
-        "runtime/diloco/learner.py", 'failure = part["failure"] or failure', "failure = failure", _RESUME_TEST),
+        "runtime/diloco/learner_snapshot.py", 'failure = part["failure"] or failure', "failure = failure",
+        _RESUME_TEST),
     "resume_zeroes_the_error_feedback_residual": (
         "runtime/wire/uplink.py", 'self.residual = unpacker.tree(saved["residual"], place, where=group)',
         'self.residual = jax.tree.map(lambda r: r * 0, unpacker.tree(saved["residual"], place, where=group))',
@@ -118,6 +133,61 @@ MUTATIONS = {
         "  goodput = rounds * float(useful.sum()) / allocated",
         "tests/test_cluster_sim.py::"
         "test_jitter_costs_a_synchronous_group_its_wait_for_the_slowest_slice_and_lone_slices_nothing"),
+    "lent_learner_restarts_its_inner_warmup": (
+        "runtime/diloco/membership.py",
+        "      learner.total_steps = self.tokens_dispatched // self.run.tokens_per_step\n", "",
+        "tests/test_membership.py::test_a_lent_learner_joins_where_the_run_stands_in_the_inner_schedule"),
+    "quorum_wait_from_the_last_report": (
+        "runtime/diloco/syncer.py",
+        "self.xi_quorum.update(now - min(r.sent_at for r in self._pending if r.fragment == fragment))",
+        "self.xi_quorum.update(now - max(r.sent_at for r in self._pending if r.fragment == fragment))",
+        _GRACE_TEST),
+    "quorum_wait_from_another_fragments_report": (
+        "runtime/diloco/syncer.py",
+        "self.xi_quorum.update(now - min(r.sent_at for r in self._pending if r.fragment == fragment))",
+        "self.xi_quorum.update(now - min(r.sent_at for r in self._pending))",
+        _GRACE_TEST),
+    "fragment_marked_at_receipt_not_at_report": (
+        "runtime/diloco/fragment_trees.py", "      self.versions[p], self._marks[p] = version, self._at_report\n",
+        "      self.versions[p], self._marks[p] = version, (tokens, steps)\n", _FRAGMENT_ACCOUNTING_TEST),
+    "fragment_weighted_by_its_rounds_tokens": (
+        "runtime/diloco/syncer.py", "weights = averaging.token_weight(*zip(*(r.trained() for r in kept)))",
+        "weights = averaging.token_weight(*zip(*((r.tokens, r.steps) for r in kept)))", _FRAGMENT_ACCOUNTING_TEST),
+    "error_feedback_residual_never_added": (
+        "runtime/wire/uplink.py", "    delta = jax.tree.map(jnp.add, delta, residual)\n", "    pass\n",
+        "tests/test_compression.py::test_error_feedback_conserves_what_was_sent_plus_the_residual[int4-extra0]"),
+    "restart_keeps_the_error_feedback_residual": (
+        "runtime/wire/uplink.py", "if self.cfg.error_feedback and not (keep_residual and self.residual is not None):",
+        "if self.cfg.error_feedback and self.residual is None:",
+        "tests/test_compression.py::test_error_feedback_conserves_what_was_sent_plus_the_residual[int4-extra0]"),
+    "mirror_assumes_theta_arrived_uncompressed": (
+        "runtime/wire/downlink.py", "    mirror = _add(_host(base), self.codec.decode(parts))\n",
+        "    mirror = _host(theta)\n",
+        "tests/test_theta_down.py::test_every_theta_a_learner_adopts_equals_the_syncers_mirror_bit_for_bit[int4]"),
+    "data_service_forgets_given_back_serials": (
+        "runtime/data/service.py", "      self._returned.extend(int(s) for s in serials)\n", "      pass\n",
+        "tests/test_data_service.py::test_serials_are_never_handed_to_two_holders_and_none_is_lost"),
+    "leased_stream_keeps_what_it_gave_back": (
+        "runtime/data/service.py", "      self._leases = self._leases[:cut]\n", "",
+        "tests/test_data_service.py::"
+        "test_a_leased_stream_serves_only_leased_batches_and_gives_back_what_it_never_trains"),
+    "shrink_pays_no_reconfiguration": (
+        "runtime/diloco/reconfiguration.py",
+        "self.clock.after(self.run.faults.reconfig_seconds, Event(\"reconfigured\", m, resume))",
+        "self.clock.after(0.0, Event(\"reconfigured\", m, resume))", _SHRINK_TEST),
+    "shrunk_learner_steps_as_fast_as_a_full_one": (
+        "runtime/diloco/reconfiguration.py", "return self.run.slices_per_learner / len(learner.slices)", "return 1.0",
+        "tests/test_shrunk_learner_timing.py::"
+        "test_a_learner_shrunk_to_one_of_its_two_slices_takes_twice_as_long_per_step"),
+    "snapshot_places_one_tree_for_every_placement": (
+        "runtime/checkpoint/snapshot.py", "key = (tuple(encoded[\"keys\"]), where)",
+        "key = (tuple(encoded[\"keys\"]),)",
+        "tests/test_snapshot.py::test_shared_arrays_are_stored_once_and_unpacked_once_per_placement"),
+    "checkpoint_digest_reads_only_the_first_mib": (
+        "runtime/checkpoint/store.py",
+        "      for block in iter(lambda: f.read(1 << 20), b\"\"):\n        sha.update(block)\n",
+        "      sha.update(f.read(1 << 20))\n",
+        "tests/test_checkpoint.py::test_a_byte_flipped_deep_inside_a_large_file_makes_the_checkpoint_skipped"),
 }
 
 
@@ -130,14 +200,16 @@ def check(name: str) -> str:
     if source.count(text) != 1:
       return f"{name}: STALE ({path} holds its text {source.count(text)} times)"
     (copy / path).write_text(source.replace(text, mutated))
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow", test], cwd=copy,
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow",
+                             test], cwd=copy, capture_output=True, text=True, check=False)
   return f"{name}: {'CAUGHT' if result.returncode == 1 else 'MISSED'} by {test}"
 
 
 def main(names: list[str]) -> int:
-  lines = [check(name) for name in names or MUTATIONS]
-  print("\n".join(lines))
+  lines = []
+  for name in names or MUTATIONS:
+    lines.append(check(name))
+    print(lines[-1], flush=True)  # as each finishes: the whole list runs long
   return 0 if all(" CAUGHT " in line for line in lines) else 1
 
 

@@ -180,3 +180,19 @@ def test_checkpoints_are_refused_in_modes_that_cannot_resume(tmp_path):
   out = launch("train", "--config=smoke", "--config.mode=dp_elastic", "--config.checkpoint_every=2",
                f"--workdir={tmp_path}", cwd=tmp_path)
   assert out.returncode == 2 and "checkpoint_every" in out.stderr and "'decoupled'" in out.stderr
+
+
+def test_a_byte_flipped_deep_inside_a_large_file_makes_the_checkpoint_skipped(tmp_path):
+  like = {"w": jnp.zeros((1 << 19,))}  # 2 MiB of arrays: the flip lies past the file's first MiB
+  checkpoints = Checkpoints(tmp_path)
+  for step in (1, 2):
+    checkpoints.save(step, {"w": jnp.full(like["w"].shape, float(step))}, {"step": step})
+    checkpoints._manager.wait_until_finished()  # pylint: disable=protected-access
+  checkpoints.close()
+  biggest = max((p for p in (tmp_path / "2").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  data = bytearray(biggest.read_bytes())
+  assert len(data) > 3 << 19
+  data[len(data) * 3 // 4] ^= 0xFF
+  biggest.write_bytes(bytes(data))
+  step, state, _ = Checkpoints(tmp_path).restore_latest(like)
+  assert step == 1 and np.all(np.asarray(state["w"]) == 1.0)

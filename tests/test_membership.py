@@ -89,3 +89,16 @@ def test_bad_capacity_settings_name_the_field(tiny_config, fields, message):
       tiny_config[key] = value
   with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
     from_config_dict(tiny_config)
+
+
+def test_a_lent_learner_joins_where_the_run_stands_in_the_inner_schedule(tiny_config):
+  """Its warmup does not restart: its first merge applies the owned learner's learning rate, not the warmup's 0."""
+  tiny_config.learners, tiny_config.num_devices, tiny_config.data.batch_size = 1, 2, 4
+  tiny_config.data.assignment, tiny_config.total_steps = "service", 8
+  tiny_config.inner_steps, tiny_config.overlap_steps = 2, 1
+  tiny_config.capacity.schedule = "lend:slices=1,time=2,duration=100"
+  result = modes.train(tiny_config, None)[0]
+  assert [(f["fault"], f["learner"]) for f in result.details["faults"]] == [("join", 1)]
+  first = next(r for r in result.records if r["kind"] == "merge" and 1 in r["merged"])
+  lr = dict(zip(first["merged"], first["lr"]))
+  assert 0 in lr and lr[1] == lr[0] > 0, first

@@ -161,3 +161,16 @@ def test_after_compile_merges_no_merge_size_compiles_on_the_critical_path():
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
   assert not compiles, compiles
+
+
+def test_the_quorum_wait_behind_the_adaptive_grace_runs_from_the_fragments_first_waiting_report():
+  """With K = 2 the wait runs from the first report, not the last; another fragment's earlier report is not its."""
+  cfg = OuterConfig(quorum=2, grace="adaptive", grace_gamma=1.0)
+  syncer = Syncer(cfg, {"a": jnp.zeros(4), "b": jnp.zeros(3)}, num_learners=4, overlap_steps=3, fragments=2)
+  syncer.observe_round(2.0)  # 3 overlap steps of 2 s hide 6 s
+  syncer.observe_sync(1.0)
+  for learner, sent_at, fragment in [(0, 5.0, 1), (1, 10.0, 0), (2, 12.0, 0)]:
+    syncer.receive(Report(learner, None, 1, 1, 0, loss=1.0, sent_at=sent_at, fragment=fragment))
+  assert syncer.ready([2, 2]) == 0
+  syncer.observe_quorum(13.0, fragment=0)  # 3 s after fragment 0's first report
+  assert syncer.grace_seconds(13.0, needs_theta_at=[100.0]) == pytest.approx(2.0)  # 6 - 3 - 1
