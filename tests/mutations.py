@@ -103,7 +103,7 @@ MUTATIONS = {
         "runtime/network/links.py", 'self._faults = {m: (until, mode) for m, until, mode in saved["faults"]}', "pass",
         _RESUME_TEST),
     "resume_forgets_a_failed_program_in_flight": (
-        "runtime/diloco/learner_snapshot.py", 'failure = part["failure"] or failure', "failure = failure",
+        "runtime/diloco/part_snapshot.py", 'failure = saved["failure"] or failure', "failure = failure",
         _RESUME_TEST),
     "resume_zeroes_the_error_feedback_residual": (
         "runtime/wire/uplink.py", 'self.residual = unpacker.tree(saved["residual"], place, where=group)',
@@ -135,7 +135,7 @@ MUTATIONS = {
         "test_jitter_costs_a_synchronous_group_its_wait_for_the_slowest_slice_and_lone_slices_nothing"),
     "lent_learner_restarts_its_inner_warmup": (
         "runtime/diloco/membership.py",
-        "      learner.total_steps = self.tokens_dispatched // self.run.tokens_per_step\n", "",
+        "      learner.join_schedule(self._tokens_dispatched() // self._run.tokens_per_step)\n", "",
         "tests/test_membership.py::test_a_lent_learner_joins_where_the_run_stands_in_the_inner_schedule"),
     "quorum_wait_from_the_last_report": (
         "runtime/diloco/syncer.py",
@@ -173,10 +173,10 @@ MUTATIONS = {
         "test_a_leased_stream_serves_only_leased_batches_and_gives_back_what_it_never_trains"),
     "shrink_pays_no_reconfiguration": (
         "runtime/diloco/reconfiguration.py",
-        "self.clock.after(self.run.faults.reconfig_seconds, Event(\"reconfigured\", m, resume))",
-        "self.clock.after(0.0, Event(\"reconfigured\", m, resume))", _SHRINK_TEST),
+        "self._clock.after(self._run.faults.reconfig_seconds, Event(EventKind.RECONFIGURED, m, resume))",
+        "self._clock.after(0.0, Event(EventKind.RECONFIGURED, m, resume))", _SHRINK_TEST),
     "shrunk_learner_steps_as_fast_as_a_full_one": (
-        "runtime/diloco/reconfiguration.py", "return self.run.slices_per_learner / len(learner.slices)", "return 1.0",
+        "runtime/diloco/slice_lifecycle.py", "return self.run.slices_per_learner / len(learner.slices)", "return 1.0",
         "tests/test_shrunk_learner_timing.py::"
         "test_a_learner_shrunk_to_one_of_its_two_slices_takes_twice_as_long_per_step"),
     "snapshot_places_one_tree_for_every_placement": (
