@@ -42,7 +42,7 @@ def tiny_config():
 
 def pytest_addoption(parser):
   parser.addoption("--record-golden", action="store_true",
-                   help="re-record tests/golden/ from this code (see tests/test_bit_identity.py)")
+                   help="re-record tests/golden/ from this code (see tests/integration/test_bit_identity.py)")
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ for a unit test, minutes for a run killed and resumed; the whole list takes tens
 Each mutation is applied to a copy of the working tree, and only the test named for it runs there;
 the line printed says CAUGHT (the test failed, as it must) or MISSED. A mutation whose text no longer
 appears exactly once in its file is reported as STALE: update it with the code it guards (the default suite's
-tests/test_mutations_current.py fails on a stale one first).
+tests/repository/test_mutations_current.py fails on a stale one first).
 """
 
 import pathlib
@@ -17,12 +17,12 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-_RESUME_TEST = "tests/test_resume.py::test_killed_mid_flight_four_times_the_run_ends_bit_identical_to_one_never_killed"
-_GRACE_TEST = ("tests/test_syncer.py::"
+_RESUME_TEST = "tests/integration/test_resume.py::test_killed_mid_flight_four_times_the_run_ends_bit_identical_to_one_never_killed"
+_GRACE_TEST = ("tests/unit/test_syncer.py::"
                "test_the_quorum_wait_behind_the_adaptive_grace_runs_from_the_fragments_first_waiting_report")
-_SHRINK_TEST = ("tests/test_learner_slices.py::"
+_SHRINK_TEST = ("tests/integration/test_learner_slices.py::"
                 "test_losing_one_slice_it_trains_on_with_the_other_and_grows_back_when_the_slice_is_repaired")
-_FRAGMENT_ACCOUNTING_TEST = ("tests/test_fragment_accounting.py::"
+_FRAGMENT_ACCOUNTING_TEST = ("tests/integration/test_fragment_accounting.py::"
                              "test_a_fragments_merge_weight_counts_every_step_since_it_was_received_overlap_included")
 
 # name: (file, text, mutated text, the test that must catch it)
@@ -32,69 +32,69 @@ MUTATIONS = {
         "learner.rejoin(slice_index, slices.devices[slice_index], slices.syncer.params,",
         "learner.rejoin(slice_index, slices.devices[slice_index], "
         "slices.syncer._history.get(learner.base_version, slices.syncer.params),",
-        "tests/test_faults.py::test_rejoining_learner_starts_from_the_syncers_current_theta"),
+        "tests/integration/test_faults.py::test_rejoining_learner_starts_from_the_syncers_current_theta"),
     "no_relative_quarantine": (
         "runtime/diloco/syncer.py", "if ema and norm > self.cfg.quarantine_factor * ema:", "if False:",
-        "tests/test_syncer.py::test_a_delta_far_above_the_recent_norm_is_quarantined_below_the_absolute_limit"),
+        "tests/unit/test_syncer.py::test_a_delta_far_above_the_recent_norm_is_quarantined_below_the_absolute_limit"),
     "lost_work_counted_useful": (
         "runtime/diloco/ledger.py", "    self.lost_seconds += slice_seconds",
         "    self.lost_seconds += slice_seconds\n    self.useful_seconds += slice_seconds",
-        "tests/test_faults.py::test_goodput_counts_only_the_work_that_reached_theta"),
+        "tests/integration/test_faults.py::test_goodput_counts_only_the_work_that_reached_theta"),
     "elastic_dp_never_pays_reconfiguration": (
         "runtime/baselines/dp_faults.py", "t += f.reconfig_seconds", "t += 0.0",
-        "tests/test_dp.py::test_elastic_dp_pays_a_reconfiguration_to_drop_and_to_readd_the_slice"),
+        "tests/integration/test_dp.py::test_elastic_dp_pays_a_reconfiguration_to_drop_and_to_readd_the_slice"),
     "overlap_overwritten_without_rewind": (
         "runtime/diloco/learner.py",
         "      self._data.restore(self.book.reported_position)  # overlap steps were overwritten: serve their data again\n",
-        "", "tests/test_overlap.py::test_overwrite_still_trains_the_overlap_data_again_as_an_ablation"),
+        "", "tests/integration/test_overlap.py::test_overwrite_still_trains_the_overlap_data_again_as_an_ablation"),
     "overlap_progress_dropped": (
         "runtime/diloco/learner.py", "      theta = receive_lib.carry(theta, self.state.params, self._at_report)\n",
         "      pass\n",
-        "tests/test_learner.py::test_adopting_theta_carries_the_overlap_progress_onto_it_and_into_the_next_report"),
+        "tests/unit/test_learner.py::test_adopting_theta_carries_the_overlap_progress_onto_it_and_into_the_next_report"),
     "quorum_not_rechecked_when_a_learner_finishes": (
         "runtime/diloco/rounds.py", "      self._merges.maybe_merge()  # a finished learner lowers the effective quorum\n",
-        "", "tests/test_diloco.py::test_a_learner_finishing_its_budget_lowers_the_quorum_and_the_last_reports_merge"),
+        "", "tests/integration/test_diloco.py::test_a_learner_finishing_its_budget_lowers_the_quorum_and_the_last_reports_merge"),
     "diverging_outer_step_committed": (
         "runtime/diloco/syncer.py", "    if reason:  # Θ would diverge:", "    if False:  # Θ would diverge:",
-        "tests/test_syncer.py::"
+        "tests/unit/test_syncer.py::"
         "test_an_absurd_outer_step_is_never_committed_and_persistent_failure_names_the_likely_field"),
     "inner_schedule_restarts_on_reset": (
         "runtime/train/programs.py", "opt_state=schedule_at(tx.init(params), step)", "opt_state=tx.init(params)",
-        "tests/test_learner.py::test_reset_starts_fresh_inner_state_at_the_learners_own_step"),
+        "tests/unit/test_learner.py::test_reset_starts_fresh_inner_state_at_the_learners_own_step"),
     "quorum_strictly_greater": (
         "runtime/diloco/syncer.py", "sum(r.fragment == p for r in self._pending) >= self.quorum(able[p])",
         "sum(r.fragment == p for r in self._pending) > self.quorum(able[p])",
-        "tests/test_syncer.py::test_quorum_is_reached_at_exactly_k_reports_and_never_exceeds_the_learners_able"),
+        "tests/unit/test_syncer.py::test_quorum_is_reached_at_exactly_k_reports_and_never_exceeds_the_learners_able"),
     "evaluations_on_the_controller_thread": (
         "runtime/diloco/controller.py", 'background_evals=self.run.clock.kind == "real"', "background_evals=False",
-        "tests/test_real_clock.py::test_evaluating_after_every_merge_does_not_idle_the_learners"),
+        "tests/integration/test_real_clock.py::test_evaluating_after_every_merge_does_not_idle_the_learners"),
     "random_tie_order": (
         "runtime/diloco/clock.py", "heapq.heappush(self._heap, (at, self._seq, event))",
         "heapq.heappush(self._heap, (at, __import__('random').random(), event))",
-        "tests/test_clock.py::test_virtual_events_pop_in_time_order_and_ties_in_scheduling_order"),
+        "tests/unit/test_clock.py::test_virtual_events_pop_in_time_order_and_ties_in_scheduling_order"),
     "config_accepts_non_finite_numbers": (
         "runtime/errors.py",
         "check(ok and (not isinstance(value, float) or math.isfinite(value)), name, value, allowed)",
         "check(ok, name, value, allowed)",
-        "tests/test_config.py::test_values_a_user_can_type_that_are_not_allowed"),
+        "tests/unit/test_config.py::test_values_a_user_can_type_that_are_not_allowed"),
     "misspelled_override_not_caught_before_absl": (
         "runtime/cli.py", "      check_overrides(argv[1:], config)\n", "",
-        "tests/test_cli.py::test_a_bad_invocation_prints_one_line_naming_the_field_and_exits_2"),
+        "tests/integration/test_cli.py::test_a_bad_invocation_prints_one_line_naming_the_field_and_exits_2"),
     "help_without_config_fields": (
         "runtime/cli.py", "        print(config_docs.help_text(config, path.partition(\":\")[0]))\n", "",
-        "tests/test_cli.py::test_train_help_mentions_every_field_of_the_default_config_with_its_meaning"),
+        "tests/integration/test_cli.py::test_train_help_mentions_every_field_of_the_default_config_with_its_meaning"),
     "sweep_reruns_finished_points": (
         "runtime/experiments/sweep.py",
         "todo = [p for p in points if not (workdir / p.name / summary.RESULTS_FILE).exists()]",
         "todo = list(points)",
-        "tests/test_sweep.py::"
+        "tests/experiments/test_sweep.py::"
         "test_a_two_by_two_sweep_writes_one_table_and_plot_and_a_second_invocation_skips_finished_points"),
     "checkpoint_digest_ignored": (
         "runtime/checkpoint/store.py", "if digest.read_text().strip() != _digest(step_dir):", "if False:",
-        "tests/test_checkpoint.py::test_a_damaged_latest_checkpoint_is_skipped_with_a_warning_naming_it"),
+        "tests/integration/test_checkpoint.py::test_a_damaged_latest_checkpoint_is_skipped_with_a_warning_naming_it"),
     "dp_resume_forgets_the_data_position": (
         "runtime/baselines/dp.py", "      stream.restore(meta[\"data\"])\n", "",
-        "tests/test_checkpoint.py::test_a_killed_data_parallel_run_resumes_and_ends_bit_identical_to_an_unkilled_one"),
+        "tests/integration/test_checkpoint.py::test_a_killed_data_parallel_run_resumes_and_ends_bit_identical_to_an_unkilled_one"),
     "resume_forgets_the_goodput_ledger": (
         "runtime/diloco/ledger.py",
         'self.useful_seconds, self.lost_seconds = saved["useful_seconds"], saved["lost_seconds"]', "pass",
@@ -108,35 +108,35 @@ MUTATIONS = {
     "resume_zeroes_the_error_feedback_residual": (
         "runtime/wire/uplink.py", 'self.residual = unpacker.tree(saved["residual"], place, where=group)',
         'self.residual = jax.tree.map(lambda r: r * 0, unpacker.tree(saved["residual"], place, where=group))',
-        "tests/test_wire_checkpoint.py::test_a_run_compressed_both_ways_killed_and_resumed_ends_bit_identical[topk]"),
+        "tests/integration/test_wire_checkpoint.py::test_a_run_compressed_both_ways_killed_and_resumed_ends_bit_identical[topk]"),
     "program_error_retried_as_a_lost_slice": (
         "runtime/diloco/slice_lifecycle.py", "    if injection.slice_lost(error):", "    if True:",
-        "tests/test_program_errors.py::"
+        "tests/integration/test_program_errors.py::"
         "test_a_program_error_at_dispatch_or_when_awaited_stops_its_learner_once_and_the_others_reach_the_budget"),
     "stopped_learner_counted_in_the_quorum": (
         "runtime/diloco/merge_schedule.py", "l.status not in (DOWN, DONE, FAILED, ABSENT)",
         "l.status not in (DOWN, DONE, ABSENT)",
-        "tests/test_program_errors.py::"
+        "tests/integration/test_program_errors.py::"
         "test_a_program_error_at_dispatch_or_when_awaited_stops_its_learner_once_and_the_others_reach_the_budget"),
     "sim_repair_overlaps_idle_counted_twice": (
         "runtime/sim/model.py",
         "    in_repair_s = (back_at - fail) - idle.measure(origin[unit] + fail, origin[unit] + back_at)",
         "    in_repair_s = back_at - fail",
-        "tests/test_cluster_sim.py::"
+        "tests/experiments/test_cluster_sim.py::"
         "test_elastic_drop_repair_and_rejoin_cost_exactly_two_reconfigurations_and_the_slices_repair"),
     "sim_checkpoint_phase_not_reset_by_a_restart": (
         "runtime/sim/model.py", "  resume = np.where(same_unit, np.append(0.0, down_to[:-1]), 0.0)",
         "  resume = np.zeros(down_unit.size)",
-        "tests/test_cluster_sim.py::test_data_parallel_restarts_its_checkpoint_phase_when_the_job_comes_back"),
+        "tests/experiments/test_cluster_sim.py::test_data_parallel_restarts_its_checkpoint_phase_when_the_job_comes_back"),
     "sim_jitter_multiplier_dropped": (
         "runtime/sim/model.py", "  goodput = efficiency * rounds * float(useful.sum()) / allocated",
         "  goodput = rounds * float(useful.sum()) / allocated",
-        "tests/test_cluster_sim.py::"
+        "tests/experiments/test_cluster_sim.py::"
         "test_jitter_costs_a_synchronous_group_its_wait_for_the_slowest_slice_and_lone_slices_nothing"),
     "lent_learner_restarts_its_inner_warmup": (
         "runtime/diloco/membership.py",
         "      learner.join_schedule(self._tokens_dispatched() // self._run.tokens_per_step)\n", "",
-        "tests/test_membership.py::test_a_lent_learner_joins_where_the_run_stands_in_the_inner_schedule"),
+        "tests/integration/test_membership.py::test_a_lent_learner_joins_where_the_run_stands_in_the_inner_schedule"),
     "quorum_wait_from_the_last_report": (
         "runtime/diloco/syncer.py",
         "self.xi_quorum.update(now - min(r.sent_at for r in self._pending if r.fragment == fragment))",
@@ -155,21 +155,21 @@ MUTATIONS = {
         "weights = averaging.token_weight(*zip(*((r.tokens, r.steps) for r in kept)))", _FRAGMENT_ACCOUNTING_TEST),
     "error_feedback_residual_never_added": (
         "runtime/wire/uplink.py", "    delta = jax.tree.map(jnp.add, delta, residual)\n", "    pass\n",
-        "tests/test_compression.py::test_error_feedback_conserves_what_was_sent_plus_the_residual[int4-extra0]"),
+        "tests/unit/test_compression.py::test_error_feedback_conserves_what_was_sent_plus_the_residual[int4-extra0]"),
     "restart_keeps_the_error_feedback_residual": (
         "runtime/wire/uplink.py", "if self.cfg.error_feedback and not (keep_residual and self.residual is not None):",
         "if self.cfg.error_feedback and self.residual is None:",
-        "tests/test_compression.py::test_error_feedback_conserves_what_was_sent_plus_the_residual[int4-extra0]"),
+        "tests/unit/test_compression.py::test_error_feedback_conserves_what_was_sent_plus_the_residual[int4-extra0]"),
     "mirror_assumes_theta_arrived_uncompressed": (
         "runtime/wire/downlink.py", "    mirror = _add(_host(base), self.codec.decode(parts))\n",
         "    mirror = _host(theta)\n",
-        "tests/test_theta_down.py::test_every_theta_a_learner_adopts_equals_the_syncers_mirror_bit_for_bit[int4]"),
+        "tests/integration/test_theta_down.py::test_every_theta_a_learner_adopts_equals_the_syncers_mirror_bit_for_bit[int4]"),
     "data_service_forgets_given_back_serials": (
         "runtime/data/service.py", "      self._returned.extend(int(s) for s in serials)\n", "      pass\n",
-        "tests/test_data_service.py::test_serials_are_never_handed_to_two_holders_and_none_is_lost"),
+        "tests/unit/test_data_service.py::test_serials_are_never_handed_to_two_holders_and_none_is_lost"),
     "leased_stream_keeps_what_it_gave_back": (
         "runtime/data/service.py", "      self._leases = self._leases[:cut]\n", "",
-        "tests/test_data_service.py::"
+        "tests/unit/test_data_service.py::"
         "test_a_leased_stream_serves_only_leased_batches_and_gives_back_what_it_never_trains"),
     "shrink_pays_no_reconfiguration": (
         "runtime/diloco/reconfiguration.py",
@@ -177,17 +177,17 @@ MUTATIONS = {
         "self._clock.after(0.0, Event(EventKind.RECONFIGURED, m, resume))", _SHRINK_TEST),
     "shrunk_learner_steps_as_fast_as_a_full_one": (
         "runtime/diloco/slice_lifecycle.py", "return self.run.slices_per_learner / len(learner.slices)", "return 1.0",
-        "tests/test_shrunk_learner_timing.py::"
+        "tests/integration/test_shrunk_learner_timing.py::"
         "test_a_learner_shrunk_to_one_of_its_two_slices_takes_twice_as_long_per_step"),
     "snapshot_places_one_tree_for_every_placement": (
         "runtime/checkpoint/snapshot.py", "key = (tuple(encoded[\"keys\"]), where)",
         "key = (tuple(encoded[\"keys\"]),)",
-        "tests/test_snapshot.py::test_shared_arrays_are_stored_once_and_unpacked_once_per_placement"),
+        "tests/unit/test_snapshot.py::test_shared_arrays_are_stored_once_and_unpacked_once_per_placement"),
     "checkpoint_digest_reads_only_the_first_mib": (
         "runtime/checkpoint/store.py",
         "      for block in iter(lambda: f.read(1 << 20), b\"\"):\n        sha.update(block)\n",
         "      sha.update(f.read(1 << 20))\n",
-        "tests/test_checkpoint.py::test_a_byte_flipped_deep_inside_a_large_file_makes_the_checkpoint_skipped"),
+        "tests/integration/test_checkpoint.py::test_a_byte_flipped_deep_inside_a_large_file_makes_the_checkpoint_skipped"),
 }
 
 

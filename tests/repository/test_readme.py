@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("**/*.md"))
 ROOTS = ("runtime", "models", "launch", "configs", "tests")

@@ -80,7 +80,7 @@ def test_quorum_of_all_with_equal_weights_and_mean_matches_a_synchronous_diloco_
   _assert_trees_close(result.params, theta)
 
 
-@pytest.mark.slow  # CI time; tests/test_bit_identity.py guards the same promise
+@pytest.mark.slow  # CI time; tests/integration/test_bit_identity.py guards the same promise
 def test_virtual_clock_gives_identical_metrics_for_one_seed(tiny_config, tmp_path):
   tiny_config.clock.jitter = 0.3
   tiny_config.clock.speeds = (1.0, 1.3, 0.8, 1.1)

@@ -3,7 +3,7 @@
 A refactor never changes these files. A change that alters the numbers on purpose re-records them in
 the same commit and says why:
 
-  python -m pytest tests/test_bit_identity.py -m "slow or not slow" --record-golden
+  python -m pytest tests/integration/test_bit_identity.py -m "slow or not slow" --record-golden
 
 XLA:CPU's numerics depend on the CPU's vector instructions and on the jax/jaxlib versions, so byte identity binds
 only on the platform the files were recorded on (tests/golden/platform.json). Elsewhere the guard still runs and
@@ -11,7 +11,7 @@ compares every record: its kinds, keys, counts, orders, versions, token counts, 
 and the numbers XLA computes (losses, norms, learning rates) within a relative tolerance, RTOL. Whatever the platform,
 a run repeated in the same session must reproduce its own records byte for byte. The guard never skips (under CI a
 skip fails, tests/conftest.py). The smoke runs are in the default suite; chaos and synchronous DiLoCo are marked slow
-(`python -m pytest -m slow tests/test_bit_identity.py`, ~6 minutes on 2 cores).
+(`python -m pytest -m slow tests/integration/test_bit_identity.py`, ~6 minutes on 2 cores).
 Every record's `wall_time` (when it was logged) is never reproducible: it is stripped on both sides, and the
 goldens are recorded without it.
 """
@@ -33,7 +33,7 @@ import pytest
 from runtime.experiments import modes
 from runtime.reporting.metrics import without_wall_time
 
-GOLDEN = pathlib.Path(__file__).parent / "golden"
+GOLDEN = pathlib.Path(__file__).parent.parent / "golden"
 
 # name: (mode entry point, config module, overrides, slow). The runs named by the redesign issue.
 GUARDED = {
@@ -193,7 +193,7 @@ def test_on_another_platform_a_missing_record_fails_the_guard(monkeypatch):
 
 
 def test_under_ci_a_skipped_guard_fails(tmp_path):
-  (tmp_path / "conftest.py").write_text((pathlib.Path(__file__).parent / "conftest.py").read_text())
+  (tmp_path / "conftest.py").write_text((pathlib.Path(__file__).parent.parent / "conftest.py").read_text())
   (tmp_path / "test_bit_identity.py").write_text("import pytest\n\ndef test_guard():\n  pytest.skip('no platform')\n")
   def outcome(ci: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "CI"} | ({"CI": ci} if ci else {})

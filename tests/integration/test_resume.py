@@ -81,7 +81,7 @@ def assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills):
   return result
 
 
-@pytest.mark.slow  # ~2 minutes; the default suite keeps the SIGKILL case below and tests/test_membership.py's
+@pytest.mark.slow  # ~2 minutes; the default suite keeps the SIGKILL case below and tests/integration/test_membership.py's
 def test_killed_mid_flight_four_times_the_run_ends_bit_identical_to_one_never_killed(faulty, tmp_path, monkeypatch):
   reference = modes.train(faulty, tmp_path / "reference")[0]
   saw = set()

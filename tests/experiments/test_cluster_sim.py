@@ -22,7 +22,7 @@ from runtime.sim import trace as trace_lib
 from runtime.sim.timeline import downtime_starts
 from runtime.errors import ConfigError
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _YEAR = sim_config.SECONDS_PER_YEAR
 _DATA_PARALLEL = sim_config.Setup("data-parallel", "data-parallel", 1)
 _ELASTIC = sim_config.Setup("elastic data-parallel", "elastic", 1)

@@ -1,7 +1,7 @@
 """Randomized soak in virtual time: over a hundred faults of every kind per seed, three seeds (and two more with
 learners joining and leaving on lent slices).
 
-Run with: python -m pytest -m slow tests/test_soak.py   (several minutes per seed on 2 cores)
+Run with: python -m pytest -m slow tests/integration/test_soak.py   (several minutes per seed on 2 cores)
 """
 
 import jax
