@@ -77,7 +77,7 @@ def _spy_on_round_starts(controller, monkeypatch):
     thetas[syncer.version] = jax.device_get(syncer.params)
 
   def dispatch(learner, kind, *args, **kwargs):
-    if kind == "main" and learner.steps == 0:  # the first inner step since it adopted Θ
+    if kind == "main" and learner.book.steps == 0:  # the first inner step since it adopted Θ
       starts.append((learner.index, controller.clock.now(), learner.base_version, controller.syncer.version,
                      jax.device_get(learner.state.params)))
     return real_dispatch(learner, kind, *args, **kwargs)
