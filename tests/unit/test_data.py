@@ -293,11 +293,13 @@ def test_prefetcher_reraises_a_producer_error_in_the_consumer():
 
 def test_prefetcher_close_stops_its_thread_and_rewinds_to_the_consumer():
   inner = data.ShardIterator(_TOKENS, batch_size=2, seq_len=9)
+  others = set(threading.enumerate())  # (threads of runs in earlier tests are not this prefetcher's)
   prefetcher = data.Prefetcher(inner)
+  mine = [t for t in threading.enumerate() if t.name == "prefetch" and t not in others]
   next(prefetcher)
   _wait_until(lambda: inner.position >= 3)
   prefetcher.close()
-  assert not any(t.name == "prefetch" and t.is_alive() for t in threading.enumerate())
+  assert len(mine) == 1 and not mine[0].is_alive()
   assert inner.position == 1
   with pytest.raises(RuntimeError, match="closed"):
     next(prefetcher)
