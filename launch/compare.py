@@ -12,8 +12,8 @@ _MODES = flags.DEFINE_list("modes", ["dp", "diloco_sync", "decoupled"], "Modes t
 
 def main(argv: list[str]) -> None:
   del argv
-  cli.launch("runtime.experiments.modes:compare", _CONFIG.value, _WORKDIR.value, tuple(cli.choices("modes", _MODES.value, MODES)),
-             varied=cli.varied(cli.overrides()))
+  cli.launch("runtime.experiments.modes:compare", _CONFIG.value, _WORKDIR.value,
+             tuple(cli.choices("modes", _MODES.value, MODES)), varied=cli.varied(cli.overrides()))
 
 
 if __name__ == "__main__":

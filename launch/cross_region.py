@@ -16,8 +16,8 @@ _VARIANTS = flags.DEFINE_list("variants", [], "A subset of the variants: dp, dec
 
 def main(argv: list[str]) -> None:
   del argv
-  cli.launch("runtime.experiments.cross_region:run", _CONFIG.value, _WORKDIR.value, cli.floats("bandwidths", _BANDWIDTHS.value),
-             cli.integers("seeds", _SEEDS.value), tuple(_VARIANTS.value))
+  cli.launch("runtime.experiments.cross_region:run", _CONFIG.value, _WORKDIR.value,
+             cli.floats("bandwidths", _BANDWIDTHS.value), cli.integers("seeds", _SEEDS.value), tuple(_VARIANTS.value))
 
 
 if __name__ == "__main__":

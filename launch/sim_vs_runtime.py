@@ -16,9 +16,9 @@ _INTERVAL = flags.DEFINE_integer("interval_seeds", 200, "Simulated traces behind
 
 def main(argv: list[str]) -> None:
   del argv
-  cli.launch("runtime.experiments.sim_vs_runtime:run", _CONFIG.value, _WORKDIR.value, cli.integers("seeds", _SEEDS.value),
-             cli.integers("learners", _LEARNERS.value), _SLICES.value, _SPARES.value, _HORIZON.value,
-             _INTERVAL.value)
+  cli.launch("runtime.experiments.sim_vs_runtime:run", _CONFIG.value, _WORKDIR.value,
+             cli.integers("seeds", _SEEDS.value), cli.integers("learners", _LEARNERS.value), _SLICES.value,
+             _SPARES.value, _HORIZON.value, _INTERVAL.value)
 
 
 if __name__ == "__main__":

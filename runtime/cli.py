@@ -234,7 +234,8 @@ def typed_text(value: Any, short: bool = False) -> str:
 
 def varied(fields: dict[str, Any]) -> str:
   """'outer.quorum=2,inner_steps=10': the fields that make a run differ from its config file, safe as a path."""
-  text = ",".join(f"{k}={typed_text(v, short=True)}" for k, v in fields.items() if k not in QUIET_FIELDS and k != "mode")
+  shown = {k: v for k, v in fields.items() if k not in QUIET_FIELDS and k != "mode"}
+  text = ",".join(f"{k}={typed_text(v, short=True)}" for k, v in shown.items())
   safe = "".join(c if c.isalnum() or c in "._=,+-()" else "_" for c in text)
   return safe[:120]
 

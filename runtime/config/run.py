@@ -24,7 +24,8 @@ MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
 CHECKPOINT_MODES = ("dp", "decoupled", "diloco_sync")  # modes a killed run resumes from its checkpoints in
 CLOCKS = ("virtual", "real")
 ASSIGNMENTS = ("shards", "service")  # how learners get their data
-BACKENDS = ("local", "pathways")  # "pathways": pathwaysutils.initialize() before JAX starts (runtime/cluster/multislice.py)
+# "pathways": pathwaysutils.initialize() before JAX starts (runtime/cluster/multislice.py)
+BACKENDS = ("local", "pathways")
 GRACE_KINDS = ("none", "adaptive", "fixed")
 MERGE_METHODS = ("rda", "mean")  # per tensor: radial-directional averaging, or the weighted mean
 RECEIVE_MODES = ("carry", "overwrite", "mix")  # what happens to overlap steps when Θ arrives
@@ -130,7 +131,7 @@ class RunConfig:
   backend: str = "local"  # one of BACKENDS
   learners: int = 4
   slices: int = 0  # 0 = slices_per_learner slices per learner; more leaves spare slices
-  slices_per_learner: int = 1  # k: each learner's round runs data-parallel over k slices (runtime/cluster/learner_slices.py)
+  slices_per_learner: int = 1  # k: a learner's round runs data-parallel over k slices (cluster/learner_slices.py)
   inner_steps: int = 30  # H
   overlap_steps: int = 0  # τ: inner steps a learner keeps training while its report syncs
   fragments: int = 1  # P: each report carries one of P fragments of the model (runtime/diloco/fragment_plan.py)
