@@ -143,6 +143,7 @@ def test_a_crash_of_the_whole_learner_takes_all_its_slices_down_and_it_restarts(
   _assert_trained_everything(result)
 
 
+@pytest.mark.slow  # CI time; the default suite keeps the shrink and restart runs of two-slice learners
 def test_a_learner_grown_while_its_theta_is_pulled_trains_when_the_move_ends(two_slice_learners):
   """Regression: the pulled Θ arrived during the move and was dropped, so the learner waited for Θ forever."""
   two_slice_learners.total_steps = 8

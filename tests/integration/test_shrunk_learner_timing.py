@@ -5,6 +5,7 @@ import pytest
 from runtime.experiments import modes
 
 
+@pytest.mark.slow  # CI time (mutations run slow tests too)
 def test_a_learner_shrunk_to_one_of_its_two_slices_takes_twice_as_long_per_step(tiny_config):
   tiny_config.learners, tiny_config.slices_per_learner, tiny_config.num_devices = 1, 2, 2
   tiny_config.data.batch_size, tiny_config.total_steps = 8, 8

@@ -88,6 +88,7 @@ def test_a_damaged_theta_update_is_never_adopted_and_theta_goes_again_whole(tiny
   assert not [f for f in result.details["faults"] if f["fault"] == "quarantine"]
 
 
+@pytest.mark.slow  # CI time; the mirror and damaged-update tests stay in the default suite
 def test_int4_up_and_down_trains_about_as_well_as_full_transfers(tiny_config):
   tiny_config.total_steps = 32
   losses = {}
