@@ -152,12 +152,19 @@ def measure(config: ml_collections.ConfigDict, warmup_rounds: int, route: str) -
   class TimedController(Controller):
     """The controller, marking when every learner has dispatched and when the CPU timing window opens."""
 
-    def _dispatch(self, learner, kind, steps):
-      dispatched = super()._dispatch(learner, kind, steps)
-      marks.setdefault("dispatched", set()).add(learner.index)
-      if "started" not in marks and len(marks["dispatched"]) == len(self.learners):
-        marks["started"] = time.perf_counter()
-      return dispatched
+    def __init__(self, *args):
+      super().__init__(*args)
+      for learner in self.learners:
+        learner.dispatch = self._marked(learner.dispatch, learner.index)
+
+    def _marked(self, dispatch, index):
+      def marked(*args, **kwargs):
+        part = dispatch(*args, **kwargs)
+        marks.setdefault("dispatched", set()).add(index)
+        if "started" not in marks and len(marks["dispatched"]) == len(self.learners):
+          marks["started"] = time.perf_counter()
+        return part
+      return marked
 
     def _on_part_done(self, event):
       super()._on_part_done(event)
