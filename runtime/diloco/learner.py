@@ -376,7 +376,8 @@ class Learner:
       if self.downlink:
         self.downlink.restore(saved.get("downlink"), unpacker)
     self._before_part = unpack_before(before, unpacker, group, like)
-    self.inflight = unpack_part(saved["inflight"], unpacker, group, self.state, self.mesh, failure)
+    self.inflight = None if saved["inflight"] is None else (  # (a learner never placed, e.g. not yet lent, has no mesh)
+        unpack_part(saved["inflight"], unpacker, group, self.state, self.mesh, failure))
 
   def close(self) -> None:
     self._data.close()
