@@ -20,7 +20,7 @@ from test_checkpoint import _kill_after_first_checkpoint, _killed_then_resumed
 # A crash inside a round (its program fails on the device), a straggler, a corrupt (quarantined) report, a link
 # that drops a report; K=2 of 3 learners with overlap: reports in transit, Θ on its way and programs in flight.
 FAULTS = ("crash:learner=1,time=9;straggler:learner=2,time=3,duration=12,factor=3;corrupt:learner=0,time=14,how=nan;"
-          "link:learner=2,time=20,duration=4,mode=drop;crash:learner=0,time=26,repair=3")
+          "link:learner=2,time=20,duration=4,mode=drop;crash:learner=0,time=27.8,repair=3")
 
 
 class _Killed(Exception):
@@ -85,10 +85,10 @@ def assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills):
 def test_killed_mid_flight_four_times_the_run_ends_bit_identical_to_one_never_killed(faulty, tmp_path, monkeypatch):
   reference = modes.train(faulty, tmp_path / "reference")[0]
   saw = set()
-  # Resumed from merge 5 (a learner down, its repair and a spare's rejoin due), merge 6 (a report on its way),
-  # merge 9 (a link about to drop a report) and, the newest checkpoint (13) being damaged, merge 12 (a learner's
-  # program in flight and failing: its crash due).
-  for merge, resumes_from in ((6, 5), (7, 6), (10, 9), (14, 12)):
+  # Resumed from merge 5 (a learner down, its repair and a spare's rejoin due), merge 9 (a link dropping reports,
+  # a report's timeout due), merge 11 (a report on its way) and, the newest checkpoint (13) being damaged,
+  # merge 12 (learner 0's program in flight and failing: its crash due at 27.8 s, merge 12 at 27.6 s).
+  for merge, resumes_from in ((6, 5), (10, 9), (12, 11), (14, 12)):
     with monkeypatch.context() as patch:
       _kill_at(patch, merge)
       with pytest.raises(_Killed):
