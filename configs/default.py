@@ -36,6 +36,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.inner_steps = 30
   # τ: inner steps a learner keeps training while its report is merged (0 = wait for Θ).
   config.overlap_steps = 0
+  # Device programs a learner keeps queued on its slices: 2 enqueues its next part before the current one finishes
+  # (its device never waits for the controller: docs/accelerator.md), 1 dispatches it once the previous one is
+  # handled. 0 = 2 under the real clock and 1 under the virtual one (whose recorded runs keep their numbers); 1
+  # wherever a learner has several slices or faults are injected.
+  config.parts_in_flight = 0
   # P: Streaming DiLoCo fragments (modes decoupled, diloco_sync). P > 1: a learner reports every H/P inner steps, each
   # report carrying one of P balanced groups of tensors in turn (each fragment syncs every H steps, staggered by H/P),
   # merged with that fragment's own quorum, grace window and outer momentum; τ < H/P. 1 = the whole model each H.

@@ -13,7 +13,8 @@ class FakeLearner:
     self.index, self.tokens_per_batch = index, tokens_per_batch
     self.slices, self.slice_index = tuple(slices), slices[0] if slices else -1
     self.status, self.reports_out, self.round, self.total_steps, self.tokens = WAITING, 0, 0, 0, 0
-    self.inflight = self.inbox = None
+    self.parts, self.inbox = [], None
+    self.device = types.SimpleNamespace(last_seconds=0.0)
     self.unmerged_tokens = 0  # what a failure writes off
     self.calls: list[tuple] = []
 
@@ -52,23 +53,28 @@ class FakeLearner:
   def join_schedule(self, total_steps: int) -> None:
     self.total_steps = total_steps
 
+  inflight = property(lambda self: self.parts[0] if self.parts else None)
+
   def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False,
                schedule_at: int | None = None):
     del armed, schedule_at
-    self.inflight = types.SimpleNamespace(kind=kind, steps=steps, started_at=now, modeled_seconds=modeled_seconds,
-                                          state="state", metrics="metrics")
+    part = types.SimpleNamespace(kind=kind, steps=steps, started_at=now, modeled_seconds=modeled_seconds,
+                                 state="state", metrics="metrics", queued_seconds=0.0)
+    self.parts.append(part)
     self.status = TRAINING
     self.calls.append(("dispatch", kind, steps, now))
-    return self.inflight
+    return part
 
   def collect(self, now: float):
-    part, self.inflight = self.inflight, None
+    part = self.parts.pop(0)
     self.tokens += part.steps * self.tokens_per_batch
     self.calls.append(("collect", now))
     return part
 
-  def report(self, now: float, host_sharding):
-    del host_sharding
+  def capture_report(self) -> None:
+    self.calls.append(("capture",))
+
+  def report(self, now: float):
     return types.SimpleNamespace(learner=self.index, payload=None, fragment=0, tokens=self.tokens, busy_seconds=2.0,
                                  sent_at=now)
 
@@ -103,6 +109,7 @@ class FakeSyncer:
 
   def __init__(self, quorum: int = 2):
     self.params, self.version, self.pending, self.quorum = "theta", 3, [], quorum
+    self.trees, self.mirrors = types.SimpleNamespace(num=1), None
     self.computed: list[list] = []
     self.xi_step = types.SimpleNamespace(value=0.1)  # seconds per inner step
 
@@ -127,7 +134,7 @@ class FakeSyncer:
 
   def compute(self, reports, members: int):
     self.computed.append(list(reports))
-    return ("merged", tuple(reports), members)
+    return types.SimpleNamespace(merged=(), reports=tuple(reports), members=members)
 
   def compile_merges(self) -> None:
     pass

@@ -57,9 +57,10 @@ class Packer:
   def value(self, x: Any) -> Any:
     """JSON for a message, event payload or plain value."""
     if isinstance(x, (Report, Delivery)):
-      trees = dict(params=lambda v: self.tree(v, "params"), payload=self._payload)
+      trees = dict(params=lambda v: self.tree(v, "params"), payload=self.payload)
       return {"report" if isinstance(x, Report) else "delivery": {
-          f.name: trees.get(f.name, lambda v: v)(getattr(x, f.name)) for f in dataclasses.fields(x)}}
+          f.name: trees.get(f.name, lambda v: v)(getattr(x, f.name)) for f in dataclasses.fields(x)
+          if f.name != "placed"}}  # (Θ already on a learner's slices: a resumed learner places it again)
     if isinstance(x, Fault):
       return {"fault": fault_index(self._schedule, x)}
     if isinstance(x, tuple):
@@ -71,7 +72,7 @@ class Packer:
   def event(self, event: Event) -> dict:
     return {"kind": event.kind, "learner": event.learner, "payload": self.value(event.payload)}
 
-  def _payload(self, payload: Payload | None) -> dict | None:
+  def payload(self, payload: Payload | None) -> dict | None:
     """A compressed payload's bytes, as one uint8 array."""
     return None if payload is None else self.tree({"blob": np.frombuffer(payload.blob, np.uint8)}, "dict")
 
@@ -118,7 +119,7 @@ class Unpacker:
     if isinstance(x, dict) and len(x) == 1:
       (tag, body), = x.items()
       if tag in ("report", "delivery"):
-        fields = {**body, "params": self.tree(body["params"]), "payload": self._payload(body.get("payload"))}
+        fields = {**body, "params": self.tree(body["params"]), "payload": self.payload(body.get("payload"))}
         if tag == "delivery":
           fields["base"] = tuple(fields.get("base", (-1, 0)))
         return (Report if tag == "report" else Delivery)(**fields)
@@ -131,7 +132,7 @@ class Unpacker:
   def event(self, encoded: dict) -> Event:
     return Event(encoded["kind"], encoded["learner"], self.value(encoded["payload"]))
 
-  def _payload(self, encoded: dict | None) -> Payload | None:
+  def payload(self, encoded: dict | None) -> Payload | None:
     return None if encoded is None else Payload(self.tree(encoded, lambda x, _: x, where="bytes")["blob"].tobytes())
 
 

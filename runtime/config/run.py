@@ -134,6 +134,7 @@ class RunConfig:
   slices_per_learner: int = 1  # k: a learner's round runs data-parallel over k slices (cluster/learner_slices.py)
   inner_steps: int = 30  # H
   overlap_steps: int = 0  # τ: inner steps a learner keeps training while its report syncs
+  parts_in_flight: int = 0  # programs a learner keeps queued on its slices (0 = 2 under the real clock, else 1)
   fragments: int = 1  # P: each report carries one of P fragments of the model (runtime/diloco/fragment_plan.py)
   total_steps: int = 300  # per-learner inner steps at full global batch; fixes the token budget
   eval_every: int = 50  # inner steps between evals (DP) / per learner (DiLoCo: rounded to rounds)
@@ -147,6 +148,15 @@ class RunConfig:
   checkpoint_seconds: float = 0.0  # decoupled, diloco_sync: also checkpoint at a merge this long after the last
   checkpoint_keep: int = 3  # newest checkpoints kept
   resume: bool = True  # the workdir holds this run: resume it; False: start afresh in a new run directory
+
+  @property
+  def queue_depth(self) -> int:
+    """The parts a learner keeps in flight: `parts_in_flight`, or by the clock (0). One where a learner keeps the
+    state before its part (several slices) or a program may be armed to crash (injected faults), whose crash steps
+    are planned from the steps trained so far."""
+    if self.slices_per_learner > 1 or self.faults.schedule or self.faults.mtbi_chip_seconds > 0 or self.faults.trace:
+      return 1
+    return self.parts_in_flight or (2 if self.clock.kind == "real" else 1)
 
   @property
   def tokens_per_step(self) -> int:
@@ -305,6 +315,7 @@ def validate(run: RunConfig) -> None:
   check(run.slices == 0 or run.learners <= run.slices <= run.num_devices, "slices", run.slices,
          f"0 (one per learner) or from learners ({run.learners}) to num_devices ({run.num_devices})")
   check(run.inner_steps >= 1, "inner_steps", run.inner_steps, "an integer >= 1")
+  check(run.parts_in_flight in (0, 1, 2), "parts_in_flight", run.parts_in_flight, "0 (by the clock), 1 or 2")
   check(0 <= run.overlap_steps < run.inner_steps, "overlap_steps", run.overlap_steps,
          f"0 <= overlap_steps < inner_steps ({run.inner_steps})")
   check(run.total_steps >= 1, "total_steps", run.total_steps, "an integer >= 1")

@@ -12,6 +12,7 @@ grace window; `Rounds` the token budget, reports and Θ on their way; `MergeSche
 `SliceLifecycle` crashes, repairs, spares and rejoins; `Membership` lent capacity; `Durability` the checkpoints.
 """
 
+import dataclasses
 import os
 
 import jax
@@ -69,13 +70,14 @@ class Controller:
     self.log: RunLog | None = None  # made when training starts (its logger resumes from a checkpoint)
     log = lambda: self.log
     # The collaborators, each owning its state; a later one reached from an earlier one only through a callback.
-    self.merges = MergeSchedule(run, self.clock, self.learners, self.syncer, members=lambda: self.membership.members())
+    self.merges = MergeSchedule(run, self.clock, self.learners, self.syncer, members=lambda: self.membership.members(),
+                                host_sharding=self.host_sharding)
     self.slices = SliceLifecycle(
         run, devices, injector, self.clock, self.learners, self.syncer, self.ledger, log,
         write_off=lambda tokens: self.rounds.write_off(tokens), pull_theta=lambda l: self.rounds.pull_theta(l),
         maybe_merge=self.merges.maybe_merge, policy=SeveralSlices if run.slices_per_learner > 1 else OneSlice)
-    self.rounds = Rounds(run, self.clock, self.learners, self.syncer, self.links, self.ledger, log,
-                         self.host_sharding, self.slices, self.merges)
+    self.rounds = Rounds(run, self.clock, self.learners, self.syncer, self.links, self.ledger, log, self.slices,
+                         self.merges)
     self.membership = Membership(run, self.clock, self.learners, self.ledger, self.slices, data_service, log,
                                  tokens_dispatched=lambda: self.rounds.tokens_dispatched,
                                  write_off=self.rounds.write_off, maybe_merge=self.merges.maybe_merge)
@@ -173,13 +175,15 @@ class Controller:
     self.rounds.on_part_done(event, self.event_time)  # its busy time ends when its program finished
 
   def _on_merge_done(self, event: Event) -> None:
-    result, reports, started = self.merges.finished(event)
-    now = self.clock.now()
+    merged, reports, started = self.merges.finished(event)
+    result, now = merged.result, self.clock.now()
     self.syncer.commit(result, [v for l in self.learners for v in l.live_versions()])
     if self.syncer.divergence():
       raise TrainingDiverged(self.syncer.divergence())
     quarantined = dict(result.quarantined)
     answers = [self.syncer.answer(r, "quarantined" if r.learner in quarantined else "merged") for r in reports]
+    answers = [dataclasses.replace(a, placed=merged.placed[r.learner])  # Θ already on its slices
+               if r.learner in merged.placed and a.params is result.params else a for r, a in zip(reports, answers)]
     transfers = [self.links.send_down(r.learner, now, a.payload, a.fragment) for r, a in zip(reports, answers)]
     self.syncer.observe_sync(2 * max(transfers) + now - started)  # report up, merge, Θ down
     for report, transfer, answer in zip(reports, transfers, answers):
@@ -196,7 +200,9 @@ class Controller:
         self.ledger.lost(report.busy_seconds)
       self.clock.after(transfer, Event(EventKind.PARAMS_ARRIVED, report.learner, answer))
     self.slices.settled()
-    self.log.merge(result, reports, now, self.clock.wall_stamp(), self.learners,
+    stamp = self.clock.wall_stamp()  # (wall times and host stage times: real clock only, never in modeled records)
+    stamp = dict(stamp, stages=dict(merged.stages, adopt_s=self.rounds.take_adopt_seconds())) if stamp else stamp
+    self.log.merge(result, reports, now, stamp, self.learners,
                    self.merges.grace_seconds(result.fragment), self.syncer.quorum(self.merges.able(result.fragment)),
                    self.ledger.goodput(now))
     self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp())

@@ -23,6 +23,7 @@ from runtime.config.run import RunConfig
 from runtime.data.service import LeasedStream
 from runtime.diloco import placement as placement_lib
 from runtime.diloco import receive as receive_lib
+from runtime.diloco.device_timeline import DeviceTimeline
 from runtime.diloco.fragment_trees import LearnerFragments
 from runtime.diloco.learner_book import ABSENT, DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING, LearnerBook
 from runtime.diloco.messages import Delivery, Failure, Report, RoundPart
@@ -32,6 +33,7 @@ from runtime.diloco.fragment_plan import WHOLE
 from runtime.train.programs import TrainState, schedule_to
 from runtime.data.staging import Stager
 from runtime.wire.downlink import Downlink
+from runtime.wire.payload import Payload
 from runtime.wire.uplink import Uplink
 
 PyTree = Any
@@ -40,7 +42,11 @@ __all__ = ["ABSENT", "DONE", "DOWN", "FAILED", "RECONFIGURING", "TRAINING", "WAI
 
 
 class Learner:
-  """Owns one slice (or several); all device work is dispatched asynchronously and awaited only in `collect`."""
+  """Owns one slice (or several); all device work is dispatched asynchronously and awaited only in `collect`.
+
+  Its parts in flight are queued on its slices in the order they were dispatched (the controller bounds how many,
+  `RunConfig.parts_in_flight`); each is collected in that order when its program has finished.
+  """
 
   STATE_LOST = (DOWN, FAILED)  # statuses whose device state is gone (a checkpoint saves none)
 
@@ -60,7 +66,10 @@ class Learner:
       self.move_to(slice_index, devices)
     self.book = LearnerBook(round_start=self._data.position, reported_position=self._data.position)
     self.state: TrainState | None = None
-    self.inflight: RoundPart | None = None
+    self.parts: list[RoundPart] = []  # in flight, oldest first
+    self._void = 0  # how many of the oldest parts in flight trained on what an adopted Θ replaced (their work is lost)
+    self._captured: tuple | None = None  # the report taken on the slice before the next part was enqueued
+    self.device = DeviceTimeline()
     self.inbox: Delivery | None = None  # received but not yet adopted (the learner was busy)
     self.fragments = LearnerFragments(run.fragments)
     self._at_report: Any = None  # θ on the slice when the last report was taken (receive == "carry")
@@ -78,6 +87,12 @@ class Learner:
   intervals = property(lambda self: self.book.intervals)
 
   total_steps = property(lambda self: self.book.total_steps)
+  inflight = property(lambda self: self.parts[0] if self.parts else None)  # the oldest part in flight
+
+  def device_idle(self) -> float:
+    """The share of its active span in which its device had no program of its own (see DeviceTimeline)."""
+    book = self.book
+    return self.device.idle_fraction([*book.intervals, ("", book.state_since, self.device.last_ended, book.status)])
 
   # Placement ---------------------------------------------------------------------------------------
 
@@ -138,49 +153,73 @@ class Learner:
       if not armed:
         raise
       state, metrics, failure = None, None, injection.describe(error)
-    self._before_part = before
-    self.inflight = RoundPart(kind, steps, staged.tokens, now, modeled_seconds, state, metrics, failure)
+    if not self.parts:  # (a learner that keeps them runs one part at a time)
+      self._before_part = before
+    queued = max(self.parts[-1].ends_at(0.0) - now, 0.0) if self.parts and modeled_seconds else 0.0
+    part = RoundPart(kind, steps, staged.tokens, now, modeled_seconds, state, metrics, failure, queued)
+    self.parts.append(part)
+    self.device.enqueued(now)
     self.state = state
     self._data.stage_ahead(ahead, self.batch_sharding)
-    return self.inflight
+    return part
 
   def collect(self, now: float) -> RoundPart:
-    """Awaits the in-flight part (raising the device error if it failed) and books its work."""
-    part = self.inflight
+    """Awaits the oldest part in flight (raising the device error if it failed) and books its work; `now`: when its
+    program finished."""
+    part = self.parts[0]
     if part.failure:
       raise injection.RecordedFailure(part.failure)
     loss_H = np.asarray(jax.device_get(part.metrics["loss"]))
-    self.inflight = self._before_part = None
-    busy = part.modeled_seconds if part.modeled_seconds else now - part.started_at
-    self.book.collected(part.steps, part.tokens, busy, len(self.slices), float(loss_H.mean()), now)
+    self.parts.pop(0)
+    self._before_part = None
+    device_seconds = self.device.ran(part.started_at, now)
+    busy = part.modeled_seconds if part.modeled_seconds else device_seconds
+    void, self._void = self._void > 0, max(self._void - 1, 0)
+    self.book.collected(part.steps, part.tokens, busy, len(self.slices), float(loss_H.mean()), now, void=void)
     return part
 
   def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
-    """When the learner will wait for Θ: the end of its overlap part (now, if it is already waiting)."""
-    part = self.inflight
-    return now if part is None or part.kind != "overlap" else part.ends_at(seconds_per_step)
+    """When the learner will wait for Θ: the end of its last overlap part in flight (now, if it is waiting)."""
+    ends = 0.0
+    for part in self.parts:
+      ends = part.ends_at(seconds_per_step, ends)
+    return now if not self.parts or self.parts[-1].kind != "overlap" else ends
 
   # Reports and Θ ----------------------------------------------------------------------------------
 
   def corrupt_next_report(self, how: str) -> None:
     self.book.corrupt_next = how
 
-  def report(self, now: float, host_sharding: jax.sharding.Sharding) -> Report:
-    """θ_m (its next fragment's tensors) and what it was trained on since Θ, copied onto the syncer's host device."""
+  def capture_report(self) -> None:
+    """Takes the report's tensors on the slice, before the next part is enqueued behind the part that ends in it
+    (that part donates them): θ_m's next fragment copied there (or quantized there); nothing waits."""
     book = self.book
     how, book.corrupt_next = book.corrupt_next, ""
-    fields = self.fragments.report(book.base_version, book.total_tokens, book.total_steps)
-    local = self.fragments.part(self.state.params, fields.get("fragment", 0))
-    payload = self.uplink.encode(local, how) if self.uplink else None  # quantized on the slice
-    params = None if payload else tree_transfer.copy_to(local, host_sharding)
+    local = self.fragments.part(self.state.params, 0 if self.fragments.num == 1 else self.fragments.next())
+    parts = self.uplink.quantize(local, how) if self.uplink else None  # quantized on the slice
+    params = None if parts is not None else tree_transfer.fresh_copy(local)
+    if how and parts is None:
+      params = injection.corrupt(params, how)
     if self.run.overlap_steps and self.run.outer.receive == "carry":
       self._at_report = tree_transfer.fresh_copy(local)  # the next round donates the state's buffers
-    if how and not payload:
-      params = injection.corrupt(params, how)
+    self._captured = (how, params, parts)
+
+  def report(self, now: float) -> Report:
+    """θ_m (its next fragment's tensors, on its slice: the merge worker copies them to the host) and what it was
+    trained on since Θ."""
+    if self._captured is None:
+      self.capture_report()
+    (how, params, parts), self._captured = self._captured, None
+    book = self.book
+    fields = self.fragments.report(book.base_version, book.total_tokens, book.total_steps)
     return Report(self.index, params, book.tokens, book.steps, loss=book.last_loss, sent_at=now, **fields,
                   data_start=book.round_start, data_end=self._data.position, busy_seconds=book.unreported_busy,
-                  round=book.round, total_steps=book.total_steps, payload=payload,
+                  round=book.round, total_steps=book.total_steps, payload=self._payload(parts, how),
                   base_mirror=self.downlink.key[0] if self.downlink else -1)
+
+  def _payload(self, parts: Any, how: str) -> Payload | None:
+    """The compressed report's payload from its quantized parts (waiting for them), or as a checkpoint kept it."""
+    return parts if parts is None or isinstance(parts, Payload) else self.uplink.pack(parts, how)
 
   def live_versions(self) -> tuple[int, ...]:
     """The Θ versions it works from: its base, or each fragment's."""
@@ -216,7 +255,8 @@ class Learner:
     if delivery.fragment != WHOLE:
       return self._adopt_fragment(delivery, now)
     theta_host = self.downlink.receive(delivery) if self.downlink else delivery.params  # may raise CorruptPayload
-    unreported = self.book.unreported_tokens()  # overlap steps after the report
+    in_flight = sum(part.tokens for part in self.parts[self._void:])  # overlap steps queued behind the running part
+    unreported = self.book.unreported_tokens() + in_flight  # overlap steps after the report
     keep = bool(unreported) and receive != "overwrite" and delivery.rewind_to is None and not delivery.reset
     keep = keep and self.fragments.num == 1  # (with fragments, Θ comes whole only to start afresh from it)
     written_off = 0
@@ -226,10 +266,14 @@ class Learner:
     elif unreported and not keep:
       self._data.restore(self.book.reported_position)  # overlap steps were overwritten: serve their data again
       written_off = unreported
+    if not keep:  # the parts in flight train on what Θ replaces: their work is written off with the rest
+      self._void = len(self.parts)
     if delivery.reset:
       self.reset(delivery.params, delivery.version, now)
       return written_off
-    theta = tree_transfer.copy_to(theta_host, self.param_sharding)
+    placed = delivery.placed
+    theta = (placed[1] if placed and placed[0] == self.param_sharding  # the merge worker laid it out already
+             else tree_transfer.copy_to(theta_host, self.param_sharding))
     if self.uplink:  # a lost report's residual goes with its work
       self.uplink.start(theta, keep_residual=delivery.rewind_to is None)
     if keep and receive == "carry":
@@ -269,8 +313,8 @@ class Learner:
     """The learner's slice failed (or its program, `status` FAILED): its future is dropped, its unreported work is
     lost, and it leaves the slice."""
     detail = self._await_inflight(now)
-    part, self.inflight = self.inflight, None
-    lost = part.tokens if part else 0
+    lost = sum(part.tokens for part in self.parts[self._void:])  # (void parts' tokens are written off already)
+    self.parts, self._void, self._captured = [], 0, None
     failure = Failure(self.slice_index, detail, lost + self.book.unreported_tokens(), self.book.unreported_busy)
     self.inbox = self._before_part = None
     self.set_status(status, now)
@@ -281,7 +325,7 @@ class Learner:
     """One of its several slices failed and it reconfigures: only the part in flight is lost (its data is served
     again); the learner keeps the state it had before that part, its round and what it trained since Θ."""
     detail = self._await_inflight(now)
-    part, self.inflight = self.inflight, None
+    (part,), self.parts = self.parts or (None,), []  # (a learner of several slices runs one part at a time)
     if part is not None:
       self.state, start = self._before_part
       self._data.restore(start)
@@ -348,7 +392,8 @@ class Learner:
         slices=list(self.slices), data=self._data.position, before=pack_before(self._before_part, packer, group),
         leases=None if self.leased is None else self.leased.snapshot(), state=packer.tree(state, "train", group),
         inbox=packer.value(self.inbox), at_report=packer.tree(self._at_report, "params", group),
-        inflight=pack_part(self.inflight, packer, group),
+        inflight=pack_part(self.inflight, packer, group), queued=[pack_part(p, packer, group) for p in self.parts[1:]],
+        void=self._void, device=self.device.snapshot(), captured=self._pack_captured(packer, group),
         uplink=self.uplink.snapshot(packer, group) if self.uplink and state is not None else None,  # else reset with Θ
         downlink=self.downlink.snapshot(packer, group) if self.downlink and state is not None else None)
 
@@ -376,8 +421,22 @@ class Learner:
       if self.downlink:
         self.downlink.restore(saved.get("downlink"), unpacker)
     self._before_part = unpack_before(before, unpacker, group, like)
-    self.inflight = None if saved["inflight"] is None else (  # (a learner never placed, e.g. not yet lent, has no mesh)
-        unpack_part(saved["inflight"], unpacker, group, self.state, self.mesh, failure))
+    saved_parts = [p for p in (saved["inflight"], *saved.get("queued", ())) if p is not None]
+    # (a learner never placed, e.g. not yet lent, has none and no mesh)
+    self.parts = [unpack_part(p, unpacker, group, self.state, self.mesh, failure) for p in saved_parts]
+    self._void, self.device = saved.get("void", 0), DeviceTimeline.restored(saved.get("device"))
+    captured = saved.get("captured")
+    self._captured = None if captured is None else (
+        captured["how"], unpacker.tree(captured["params"], where=f"{group}.captured"),
+        unpacker.payload(captured["payload"]))
+
+  def _pack_captured(self, packer: snapshot_lib.Packer, group: str) -> dict | None:
+    """The report taken before the part in flight ends (parts_in_flight > 1): its tensors, or its payload packed."""
+    if self._captured is None:
+      return None
+    how, params, parts = self._captured
+    return dict(how=how, params=packer.tree(params, "params", f"{group}.captured"),
+                payload=packer.payload(self._payload(parts, how)))
 
   def close(self) -> None:
     self._data.close()

@@ -52,14 +52,17 @@ class LearnerBook:
 
   # Work --------------------------------------------------------------------------------------------
 
-  def collected(self, steps: int, tokens: int, busy: float, slices: int, loss: float, now: float) -> None:
-    """A part of `steps` inner steps finished at `now`, busy for `busy` seconds on each of its `slices`."""
-    self.tokens += tokens
-    self.steps += steps
+  def collected(self, steps: int, tokens: int, busy: float, slices: int, loss: float, now: float,
+                void: bool = False) -> None:
+    """A part of `steps` inner steps finished at `now`, busy for `busy` seconds on each of its `slices`; a `void`
+    part trained on what an adopted Θ replaced: its steps moved the inner schedule, its tokens were written off."""
     self.total_steps += steps
-    self.total_tokens += tokens
     self.busy_seconds += busy
-    self.unreported_busy += busy * slices  # slice time
+    if not void:
+      self.tokens += tokens
+      self.steps += steps
+      self.total_tokens += tokens
+      self.unreported_busy += busy * slices  # slice time
     self.last_loss = loss
     self.completions.append((now, steps))
 

@@ -3,16 +3,25 @@
 The syncer decides whether a fragment's reports make a quorum and how long its grace window is; this object only
 schedules and starts the merges. With P > 1 fragments, a fragment whose quorum is reached while another fragment's
 merge is scheduled or running waits for that merge to finish (its reports keep waiting in the syncer).
+
+The worker, not the controller, waits for the host: it copies each report's tensors from its learner's slice to the
+host (the learner enqueued that copy's source behind its part and went on), merges, and lays the new Θ out on each
+merged learner's slices, so that adopting it is one program the controller enqueues. It times each stage.
 """
 
 import concurrent.futures
-from typing import Callable, Sequence
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import jax
 
 from runtime.config.run import RunConfig
 from runtime.diloco.clock import Event, EventKind
 from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, Learner
 from runtime.diloco.messages import Report
 from runtime.diloco.syncer import MergeResult, Syncer
+from runtime.train import tree_transfer
 
 IDLE, SCHEDULED, RUNNING = "idle", "scheduled", "running"
 
@@ -20,8 +29,10 @@ IDLE, SCHEDULED, RUNNING = "idle", "scheduled", "running"
 class MergeSchedule:
   """The merge state (idle, scheduled, running) and the worker thread merges run in."""
 
-  def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], syncer: Syncer, members: Callable[[], int]):
+  def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], syncer: Syncer, members: Callable[[], int],
+               host_sharding: jax.sharding.Sharding):
     self._run, self._clock, self._learners, self._syncer, self._members = run, clock, learners, syncer, members
+    self._host = host_sharding
     self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="syncer")
     self._worker.submit(syncer.compile_merges)  # every merge size, before the first merge needs one
     self.state = IDLE
@@ -63,16 +74,36 @@ class MergeSchedule:
       return
     reports = self._syncer.take_pending(event.payload)
     self.state = RUNNING
-    future = self._worker.submit(self._syncer.compute, reports, self._members())
+    future = self._worker.submit(self._merge, reports, self._members())
     self._clock.on_done(future, self._run.clock.merge_seconds,
                         Event(EventKind.MERGE_DONE, payload=(future, reports, self._clock.now())))
 
-  def finished(self, event: Event) -> tuple[MergeResult, list[Report], float]:
-    """The merge of a MERGE_DONE event: its result, its reports and when it started; the next may be scheduled."""
+  def _merge(self, reports: list[Report], members: int) -> "Merged":
+    """In the worker: the reports' tensors to the host, the merge, and Θ onto the merged learners' slices."""
+    marks = [time.perf_counter()]
+    landed = [r if r.params is None else dataclasses.replace(r, params=tree_transfer.copy_to(r.params, self._host))
+              for r in reports]
+    jax.block_until_ready([r.params for r in landed])
+    marks.append(time.perf_counter())
+    result = self._syncer.compute(landed, members)
+    marks.append(time.perf_counter())
+    placed = {}
+    if self._syncer.trees.num == 1 and self._syncer.mirrors is None:  # (else Θ goes down as a fragment or compressed)
+      for m in result.merged:
+        sharding = self._learners[m].param_sharding  # (a learner moved meanwhile copies Θ itself)
+        placed[m] = (sharding, tree_transfer.copy_to(result.params, sharding))
+      jax.block_until_ready([tree for _, tree in placed.values()])
+    marks.append(time.perf_counter())
+    stages = dict(zip(("report_copy_s", "merge_s", "theta_copy_s"), (b - a for a, b in zip(marks, marks[1:]))))
+    return Merged(result, placed, stages)
+
+  def finished(self, event: Event) -> tuple["Merged", list[Report], float]:
+    """The merge of a MERGE_DONE event: what the worker made, its reports and when it started; the next may be
+    scheduled."""
     future, reports, started = event.payload
-    result = future.result()
+    merged = future.result()
     self.state = IDLE
-    return result, reports, started
+    return merged, reports, started
 
   def close(self) -> None:
     self._worker.shutdown()
@@ -82,3 +113,13 @@ class MergeSchedule:
 
   def restore(self, saved: dict) -> None:
     self.state = saved["merge_state"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Merged:
+  """What the worker made of one merge: the result, Θ laid out on each merged learner's slices (learner: (sharding,
+  tree)), and the host seconds of each stage."""
+
+  result: MergeResult
+  placed: dict[int, tuple[Any, Any]]
+  stages: dict[str, float]

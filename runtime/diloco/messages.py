@@ -52,6 +52,9 @@ class Delivery:
   base: tuple[int, int] = (-1, 0)  # ... the (mirror, version) of the Θ̃ it updates,
   mirror: int = -1  # ... and the number of the mirror it makes
   fragment: int = WHOLE  # fragments > 1: the fragment whose tensors `params` holds (WHOLE: all of Θ)
+  # `params` already laid out on the learner's slices by the merge worker, as (sharding, tree); never checkpointed
+  # (a resumed learner copies `params` itself)
+  placed: tuple[Any, PyTree] | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +69,13 @@ class RoundPart:
   state: TrainState
   metrics: dict
   failure: str = ""  # the device error of a program that failed before it was awaited, raised when it is
+  queued_seconds: float = 0.0  # modeled time it waits behind the learner's parts ahead of it (parts_in_flight > 1)
 
-  def ends_at(self, seconds_per_step: float) -> float:
-    """When the part finishes: modeled, or estimated from a typical step time."""
-    return self.started_at + (self.modeled_seconds or self.steps * seconds_per_step)
+  def ends_at(self, seconds_per_step: float, ahead_ends_at: float = 0.0) -> float:
+    """When the part finishes: modeled, or estimated from a typical step time (and when the part ahead ends)."""
+    if self.modeled_seconds:
+      return self.started_at + self.queued_seconds + self.modeled_seconds
+    return max(self.started_at, ahead_ends_at) + self.steps * seconds_per_step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,11 +4,15 @@
 the reports on their way to the syncer. Each learner's round is a main part of H − τ steps that ends in a report
 and an overlap part of τ steps that trains while the report syncs; the learner adopts the Θ that answers it and
 starts its next round.
+
+With two parts in flight (`RunConfig.queue_depth`), a learner's next part is enqueued while the current one runs,
+whenever what comes next is known: the overlap part behind the main part (the report's tensors taken on the slice
+between them), another overlap part behind an overlap part (outer.keep_training), or the adoption of Θ that has
+arrived and the next round's main part. So its device never waits for the controller to handle a completion.
 """
 
+import time
 from typing import Callable, Sequence
-
-import jax
 
 from runtime.config.run import RunConfig
 from runtime.diloco.clock import Event, EventKind
@@ -27,13 +31,14 @@ class Rounds:
   """Dispatches the learners' parts, sends their reports and Θ, and keeps the budget."""
 
   def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], syncer: Syncer, links: Links,
-               ledger: Ledger, log: Callable[[], RunLog], host_sharding: jax.sharding.Sharding,
-               slices: SliceLifecycle, merges: MergeSchedule):
+               ledger: Ledger, log: Callable[[], RunLog], slices: SliceLifecycle, merges: MergeSchedule):
     self._run, self._clock, self._learners, self._syncer, self._links = run, clock, learners, syncer, links
-    self._ledger, self._log, self._host_sharding = ledger, log, host_sharding
+    self._ledger, self._log = ledger, log
     self._slices, self._merges = slices, merges
     self.tokens_dispatched = 0
     self.reports_in_transit = 0
+    self._depth = run.queue_depth
+    self._adopt_seconds: list[float] = []  # host time of each adoption since the last merge record
 
   def work_left(self) -> bool:
     """True while the token budget is not all dispatched."""
@@ -47,7 +52,26 @@ class Rounds:
     if steps < 1 and learner.tokens:  # the budget is spent: report the overlap work carried onto Θ
       self._send_report(learner, self._clock.now())
       return
-    self._dispatch(learner, "main", max(steps, 1))
+    if self._dispatch(learner, "main", max(steps, 1)):
+      self.top_up(learner)
+
+  def top_up(self, learner: Learner) -> None:
+    """Queues the learner's next parts behind those in flight, up to the queue depth, while what comes next is
+    known (see the module's docstring)."""
+    while learner.parts and len(learner.parts) < self._depth and learner.status == TRAINING:
+      if learner.parts[-1].kind == "main":
+        if not self._run.overlap_steps:
+          return  # it waits for Θ
+        learner.capture_report()  # before the overlap part donates the main part's state
+        if not self._dispatch(learner, "overlap", self._run.overlap_steps):
+          return
+      elif learner.inbox is not None:
+        if min(self._run.round_steps - self._run.overlap_steps, self._steps_left(learner)) < 1:
+          return  # the budget's last report waits for the parts in flight
+        self._adopt(learner)  # enqueued behind the running part, and the next round's main part with it
+        return
+      elif not (self._run.outer.keep_training and self._dispatch(learner, "overlap", self._run.overlap_steps)):
+        return
 
   def _steps_left(self, learner: Learner) -> int:
     """Whole inner steps of this learner's batch that the token budget still holds."""
@@ -57,6 +81,8 @@ class Rounds:
     """Dispatches a part of the learner's round within the token budget; False if none was dispatched."""
     tokens = steps * learner.tokens_per_batch
     if steps > self._steps_left(learner):
+      if learner.parts:  # (it settles when they are done)
+        return False
       learner.set_status(DONE if kind == "main" else WAITING, self._clock.now())
       self._merges.maybe_merge()  # a finished learner lowers the effective quorum
       return False
@@ -73,7 +99,8 @@ class Rounds:
       self._slices.failed(learner, "at dispatch", error)
       return False
     self.tokens_dispatched += tokens
-    self._clock.on_done((part.state, part.metrics), modeled, Event(EventKind.PART_DONE, learner.index))
+    self._clock.on_done((part.state, part.metrics), part.queued_seconds + modeled,
+                        Event(EventKind.PART_DONE, learner.index))
     return True
 
   def on_part_done(self, event: Event, now: float) -> None:
@@ -84,16 +111,22 @@ class Rounds:
     except Exception as error:  # pylint: disable=broad-except
       self._slices.failed(learner, "awaiting its round", error)
       return
-    self._syncer.observe_round((part.modeled_seconds or now - part.started_at) / part.steps)
+    self._syncer.observe_round((part.modeled_seconds or learner.device.last_seconds) / part.steps)
     if part.kind == "main":
       self._send_report(learner, now)
+    if learner.parts:  # its next part runs already
+      self.top_up(learner)
+      return
+    if part.kind == "main":
       overlap = self._run.overlap_steps
     elif learner.inbox is not None:
       self._adopt(learner)
       return
     else:
       overlap = self._run.overlap_steps if self._run.outer.keep_training else 0
-    if not (overlap and self._dispatch(learner, "overlap", overlap)) and learner.status == TRAINING:
+    if overlap and self._dispatch(learner, "overlap", overlap):
+      self.top_up(learner)
+    elif learner.status == TRAINING:
       learner.set_status(WAITING, now)  # (a dispatch that failed left it down or failed, or done)
 
   def on_reconfigured(self, event: Event) -> None:
@@ -112,7 +145,7 @@ class Rounds:
   # Reports up ---------------------------------------------------------------------------------------
 
   def _send_report(self, learner: Learner, now: float) -> None:
-    report = learner.report(now, self._host_sharding)
+    report = learner.report(now)
     delay = self._links.send_up(learner.index, now, report.payload, report.fragment)
     if delay is None:  # as if never sent: the learner times out and trains it again
       self._log().fault("link_drop", learner.index, now, f"report of {report.tokens} tokens lost")
@@ -138,16 +171,24 @@ class Rounds:
     learner = self._learners[event.learner]
     if learner.deliver(event.payload) and learner.status == WAITING:
       self._adopt(learner)
+    elif learner.inbox is not None:  # adopted behind its part in flight if a second may be queued
+      self.top_up(learner)
 
   def _adopt(self, learner: Learner) -> None:
     """The learner adopts the Θ it was delivered and starts its next round."""
-    delivery = learner.inbox
+    delivery, started = learner.inbox, time.perf_counter()
     try:
       self.write_off(learner.adopt(self._clock.now()))
     except CorruptPayload as error:  # nothing adopted: Θ goes again, whole
       self._resend_theta(learner, delivery, error)
       return
+    self._adopt_seconds.append(time.perf_counter() - started)
     self.start_round(learner)
+
+  def take_adopt_seconds(self) -> float:
+    """The mean host time of the adoptions since the last call (NaN if none), for the merge record."""
+    seconds, self._adopt_seconds = self._adopt_seconds, []
+    return sum(seconds) / len(seconds) if seconds else float("nan")
 
   def write_off(self, tokens: int) -> None:
     """Tokens trained on but lost before reaching Θ go back into the budget (their data is served again)."""
@@ -161,7 +202,8 @@ class Rounds:
     """A compressed Θ the learner could not adopt (damaged, or not for the Θ it holds) is sent again whole."""
     now = self._clock.now()
     self._log().fault("theta_resent", learner.index, now, str(error))
-    learner.set_status(WAITING, now)
+    if not learner.parts:  # (else it trains on until Θ comes again)
+      learner.set_status(WAITING, now)
     self.send_theta(learner.index, self._syncer.resend(delivery))  # charged the full model's bytes
 
   def send_theta(self, learner: int, delivery: Delivery) -> None:

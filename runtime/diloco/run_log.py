@@ -1,6 +1,7 @@
 """What a Decoupled DiLoCo run records: merge, eval and fault records as they happen, and its summary."""
 
 import concurrent.futures
+import math
 from typing import Any, Sequence
 
 import jax
@@ -135,6 +136,7 @@ class RunLog:
     now = max(now, 1e-9)
     present = [l for l in learners if l.completions or any(i[3] != ABSENT for i in l.intervals)]  # lent: if ever
     busy = [l.busy_fraction(now) for l in present]
+    idle = [x for x in (l.device_idle() for l in present) if not math.isnan(x)] or [math.nan]
     merged_counts = [m["num_merged"] for m in self.merges if m["num_merged"]]
     intervals = [i for l in learners for i in l.intervals]
     wall = self.wall()
@@ -144,6 +146,7 @@ class RunLog:
         records=self.logger.records, params=jax.device_get(params), time_kind=run_time_kind(self.run),
         extras=dict(merges=len(self.merges), learners_per_merge=float(np.mean(merged_counts or [0])),
                     busy_mean=float(np.mean(busy)), busy_min=float(np.min(busy)),
+                    device_idle_max=float(np.max(idle)), device_idle_mean=float(np.mean(idle)),
                     goodput=ledger.goodput(now),
                     uptime=uptime([(a, b) for _, a, b, state in intervals if state == TRAINING], now),
                     faults=sum(f["fault"] in INJECTED for f in self.faults),
@@ -151,7 +154,7 @@ class RunLog:
                     bytes_per_report=self.links.bytes_up / max(self.links.reports_up, 1),
                     bytes_per_token=(self.links.bytes_up + self.links.bytes_down) / max(self.tokens_merged, 1),
                     **traffic(self.links, self.tokens_merged)),
-        details=dict(busy=busy, intervals=intervals, merge_times=[m["time"] for m in self.merges],
+        details=dict(busy=busy, device_idle=idle, intervals=intervals, merge_times=[m["time"] for m in self.merges],
                      merged_ranges=list(self.merged_ranges), faults=list(self.faults),
                      completions=[list(l.completions) for l in learners]))
 

@@ -63,9 +63,18 @@ class Uplink:
 
   def encode(self, params: PyTree, corrupt: str = "") -> payload_lib.Payload:
     """The payload of Δ = Θ − θ; `corrupt` injects a fault into θ (nan, inf, huge) or into the payload's bytes."""
+    return self.pack(self.quantize(params, corrupt), corrupt)
+
+  def quantize(self, params: PyTree, corrupt: str = "") -> PyTree:
+    """Enqueues the quantizing program on the slice and returns its parts at once (awaited in `pack`)."""
     if corrupt and corrupt not in PAYLOAD_CORRUPTIONS:
       params = injection.corrupt(params, corrupt)
     parts, self.residual = self._program(self.theta, params, self.residual)
+    return parts
+
+  @staticmethod
+  def pack(parts: PyTree, corrupt: str = "") -> payload_lib.Payload:
+    """The payload of the parts `quantize` returned (waits for them)."""
     payload = payload_lib.pack(jax.device_get(parts))
     return payload_lib.corrupted(payload, corrupt) if corrupt in PAYLOAD_CORRUPTIONS else payload
 

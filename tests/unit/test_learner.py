@@ -50,7 +50,7 @@ def test_a_round_books_its_tokens_steps_and_data_range_in_its_report(setup):
   learner.dispatch("main", 3, 0.0, 3.0)
   assert learner.status == TRAINING
   learner.collect(3.0)
-  report = learner.report(3.0, host)
+  report = learner.report(3.0)
   assert (report.tokens, report.steps, report.base_version, report.round) == (3 * 16 * 32, 3, 0, 1)
   assert (report.data_start["position"], report.data_end["position"]) == (0, 3)
   assert report.busy_seconds == 3.0 and np.isfinite(report.loss)
@@ -66,14 +66,14 @@ def test_adopting_theta_by_overwrite_serves_the_overlap_steps_data_again(setup):
   _, learner, host, theta, _ = setup
   _receiving(learner, "overwrite")
   _part(learner, "main", 3, 0.0)
-  learner.report_sent(learner.report(3.0, host))
+  learner.report_sent(learner.report(3.0))
   _part(learner, "overlap", 1, 3.0)
   assert learner.deliver(Delivery(1, theta, round=1))
   written_off = learner.adopt(4.0)
   assert written_off == 1 * 16 * 32  # the overlap step, trained but never reported
   _trees_equal(learner.state.params, theta)
   _part(learner, "main", 3, 4.0)
-  report = learner.report(7.0, host)
+  report = learner.report(7.0)
   assert (report.data_start["position"], report.base_version, report.round) == (3, 1, 2)
 
 
@@ -82,7 +82,7 @@ def test_adopting_theta_carries_the_overlap_progress_onto_it_and_into_the_next_r
   _, learner, host, theta, _ = setup
   _receiving(learner, "carry")
   _part(learner, "main", 3, 0.0)
-  sent = learner.report(3.0, host)
+  sent = learner.report(3.0)
   learner.report_sent(sent)
   _part(learner, "overlap", 1, 3.0)
   progress = jax.tree.map(np.subtract, jax.device_get(learner.state.params), jax.device_get(sent.params))
@@ -93,7 +93,7 @@ def test_adopting_theta_carries_the_overlap_progress_onto_it_and_into_the_next_r
                jax.device_get(learner.state.params), jax.tree.map(np.add, theta_new, progress))
   assert learner.tokens == 16 * 32  # the overlap step opens the new round
   _part(learner, "main", 3, 4.0)
-  report = learner.report(7.0, host)
+  report = learner.report(7.0)
   assert (report.data_start["position"], report.data_end["position"]) == (3, 7)  # the overlap step's batch too
   assert (report.tokens, report.steps, report.busy_seconds) == (4 * 16 * 32, 4, 4.0)
 
@@ -121,7 +121,7 @@ def test_reset_starts_fresh_inner_state_at_the_learners_own_step(setup):
 def test_failing_drops_the_round_in_flight_and_rejoining_resumes_after_the_last_report(setup):
   _, learner, host, theta, devices = setup
   _part(learner, "main", 3, 0.0)
-  sent = learner.report(3.0, host)
+  sent = learner.report(3.0)
   learner.report_sent(sent)
   learner.dispatch("overlap", 2, 3.0, 2.0)
   failure = learner.fail(4.0)
@@ -132,20 +132,20 @@ def test_failing_drops_the_round_in_flight_and_rejoining_resumes_after_the_last_
   learner.rejoin(0, devices, theta, 7, 9.0)
   assert learner.status == WAITING and learner.slice_index == 0 and learner.base_version == 7
   _part(learner, "main", 3, 9.0)
-  assert learner.report(12.0, host).data_start["position"] == 3
+  assert learner.report(12.0).data_start["position"] == 3
 
 
 def test_a_quarantined_reports_data_is_trained_again(setup):
   _, learner, host, theta, _ = setup
   _part(learner, "main", 3, 0.0)
-  report = learner.report(3.0, host)
+  report = learner.report(3.0)
   learner.report_sent(report)
   learner.report_settled(report, merged=False)
   assert learner.reports_out == 0
   learner.deliver(Delivery(0, theta, round=1, reset=True, rewind_to=report.data_start))
   assert learner.adopt(3.0) == 0  # nothing beyond the report was trained
   _part(learner, "main", 3, 3.0)
-  assert learner.report(6.0, host).data_start["position"] == 0
+  assert learner.report(6.0).data_start["position"] == 0
 
 
 def test_mixing_never_mixes_in_work_whose_data_is_trained_again(setup):
@@ -153,7 +153,7 @@ def test_mixing_never_mixes_in_work_whose_data_is_trained_again(setup):
   _, learner, host, theta, _ = setup
   _receiving(learner, "mix")
   _part(learner, "main", 3, 0.0)
-  report = learner.report(3.0, host)
+  report = learner.report(3.0)
   assert learner.deliver(Delivery(0, theta, round=1, rewind_to=report.data_start))
   learner.adopt(3.0)
   _trees_equal(learner.state.params, theta)
@@ -162,13 +162,13 @@ def test_mixing_never_mixes_in_work_whose_data_is_trained_again(setup):
 def test_a_snapshot_restores_into_a_fresh_learner_its_book_state_and_part_in_flight(setup):
   run, learner, host, theta, devices = setup
   _part(learner, "main", 3, 0.0)
-  learner.report_sent(learner.report(3.0, host))
+  learner.report_sent(learner.report(3.0))
   learner.dispatch("overlap", 1, 3.0, 1.0)
   treedefs = dict(params=jax.tree.structure(theta), train=jax.tree.structure(learner.state))
   packer = snapshot_lib.Packer((), treedefs)
   saved = json.loads(json.dumps(learner.snapshot(packer)))  # (as the controller's checkpoint copies it)
   device_keys = {"fragments", "slice_index", "slices", "data", "before", "leases", "state", "inbox", "at_report",
-                 "inflight", "uplink", "downlink"}
+                 "inflight", "uplink", "downlink", "queued", "void", "device", "captured"}
   assert set(saved) == KEYS_BEFORE_THE_BOOK | device_keys  # checkpoints written before the book load
   unpacker = snapshot_lib.Unpacker(*snapshot_lib.fetch(packer.groups), (), treedefs, host)
   fresh = Learner(0, 0, devices, run, Experiment(run).shard(0, 1, run.data.batch_size), inner_optimizer(run.inner, 100))
@@ -179,5 +179,6 @@ def test_a_snapshot_restores_into_a_fresh_learner_its_book_state_and_part_in_fli
     learner.collect(4.0)
     _trees_equal(fresh.state.params, learner.state.params)
     assert json.dumps(fresh.book.snapshot()) == json.dumps(learner.book.snapshot())  # (NaN too)
+    assert fresh.device == learner.device and fresh.device.parts == 2
   finally:
     fresh.close()

@@ -13,11 +13,12 @@ def _schedule(tiny_config, quorum=2):
   run = modes.prepare(tiny_config)
   clock, syncer = make_clock(run.clock, run.learners, run.seed), FakeSyncer(quorum)
   learners = [FakeLearner(m, (m,)) for m in range(run.learners)]
-  return MergeSchedule(run, clock, learners, syncer, members=lambda: len(learners)), clock, syncer, learners
+  schedule = MergeSchedule(run, clock, learners, syncer, members=lambda: len(learners), host_sharding=None)
+  return schedule, clock, syncer, learners
 
 
 def _report(m):
-  return types.SimpleNamespace(learner=m, fragment=0)
+  return types.SimpleNamespace(learner=m, fragment=0, params=None)
 
 
 def test_exactly_one_merge_runs_at_a_time_and_the_next_is_scheduled_when_a_quorum_is_ready(tiny_config):
@@ -38,8 +39,9 @@ def test_exactly_one_merge_runs_at_a_time_and_the_next_is_scheduled_when_a_quoru
   assert clock.pending() == 1  # only the running merge's completion: the quorum waits for it
   _, done = clock.next_event()
   assert done.kind == EventKind.MERGE_DONE
-  result, merged, started = merges.finished(done)
-  assert result == ("merged", tuple(reports[:3]), 4) and merged == reports[:3] and started == 1.0
+  made, merged, started = merges.finished(done)
+  assert (made.result.reports, made.result.members) == (tuple(reports[:3]), 4) and not made.placed
+  assert merged == reports[:3] and started == 1.0 and set(made.stages) == {"report_copy_s", "merge_s", "theta_copy_s"}
   assert merges.state == IDLE
   merges.maybe_merge()
   assert merges.state == SCHEDULED and clock.pending() == 1
