@@ -12,6 +12,7 @@ grace window; `Rounds` the token budget, reports and Θ on their way; `MergeSche
 `SliceLifecycle` crashes, repairs, spares and rejoins; `Membership` lent capacity; `Durability` the checkpoints.
 """
 
+import concurrent.futures
 import dataclasses
 import os
 
@@ -148,7 +149,18 @@ class Controller:
       result.details.update(self.membership.data_accounting())
       return result
 
+  def _warm_up(self) -> None:
+    """Under the real clock, every placed learner compiles its programs before the first part is dispatched (on
+    threads: compilation releases the GIL), so that no device idles while the controller compiles another's."""
+    steps = (self.run.round_steps - self.run.overlap_steps, *((self.run.overlap_steps,) if self.run.overlap_steps else ()))
+    placed = [l for l in self.learners if l.slices]
+    with concurrent.futures.ThreadPoolExecutor(max(min(len(placed), os.cpu_count() or 1), 1)) as pool:
+      for done in [pool.submit(l.warm_up, self.syncer.params, self.host_sharding, steps) for l in placed]:
+        done.result()
+
   def _loop(self, start: bool) -> None:
+    if self.run.clock.kind == "real":
+      self._warm_up()
     if start:
       for learner in self.learners[:self.run.learners]:  # learners of lent capacity join when it is lent
         learner.reset(self.syncer.params, 0, 0.0)
@@ -175,15 +187,15 @@ class Controller:
     self.rounds.on_part_done(event, self.event_time)  # its busy time ends when its program finished
 
   def _on_merge_done(self, event: Event) -> None:
-    merged, reports, started = self.merges.finished(event)
-    result, now = merged.result, self.clock.now()
+    made, reports, started = self.merges.finished(event)
+    result, now = made.result, self.clock.now()
     self.syncer.commit(result, [v for l in self.learners for v in l.live_versions()])
     if self.syncer.divergence():
       raise TrainingDiverged(self.syncer.divergence())
     quarantined = dict(result.quarantined)
     answers = [self.syncer.answer(r, "quarantined" if r.learner in quarantined else "merged") for r in reports]
-    answers = [dataclasses.replace(a, placed=merged.placed[r.learner])  # Θ already on its slices
-               if r.learner in merged.placed and a.params is result.params else a for r, a in zip(reports, answers)]
+    answers = [dataclasses.replace(a, placed=made.placed[r.learner])  # Θ already on its slices
+               if r.learner in made.placed and a.params is result.params else a for r, a in zip(reports, answers)]
     transfers = [self.links.send_down(r.learner, now, a.payload, a.fragment) for r, a in zip(reports, answers)]
     self.syncer.observe_sync(2 * max(transfers) + now - started)  # report up, merge, Θ down
     for report, transfer, answer in zip(reports, transfers, answers):
@@ -201,7 +213,8 @@ class Controller:
       self.clock.after(transfer, Event(EventKind.PARAMS_ARRIVED, report.learner, answer))
     self.slices.settled()
     stamp = self.clock.wall_stamp()  # (wall times and host stage times: real clock only, never in modeled records)
-    stamp = dict(stamp, stages=dict(merged.stages, adopt_s=self.rounds.take_adopt_seconds())) if stamp else stamp
+    if stamp:
+      stamp.update({f"host_{stage}": s for stage, s in made.stages.items()}, host_adopt_s=self.rounds.take_adopt_seconds())
     self.log.merge(result, reports, now, stamp, self.learners,
                    self.merges.grace_seconds(result.fragment), self.syncer.quorum(self.merges.able(result.fragment)),
                    self.ledger.goodput(now))

@@ -126,6 +126,23 @@ class Learner:
     self.state = self._init(params, self.book.total_steps)
     self._new_round(version, now)
 
+  def warm_up(self, theta_host: PyTree, host_sharding: jax.sharding.Sharding, part_steps: tuple[int, ...]) -> None:
+    """Compiles the programs of its rounds by running each once on a throwaway state and zero batches (its round of
+    each part length, the report's and Θ's copies, the adoption), so that no part waits for a compilation: under
+    the real clock its device would idle meanwhile. Touches none of its own state or data."""
+    params = tree_transfer.copy_to(theta_host, self.param_sharding)
+    state = self._init(params, 0)
+    shape = (self.tokens_per_batch // self.run.data.seq_len, self.run.data.seq_len + 1)
+    for steps in sorted(set(part_steps)):
+      zeros = jax.device_put(np.zeros((steps, *shape), np.int32), self.batch_sharding)
+      state, _ = self._round_program(state, zeros)
+    local = self.fragments.part(state.params, 0)
+    at_report = tree_transfer.fresh_copy(local)
+    landed = tree_transfer.copy_to(at_report, host_sharding)
+    adopted = receive_lib.carry(tree_transfer.copy_to(theta_host, self.param_sharding), state.params,
+                                tree_transfer.fresh_copy(state.params))
+    jax.block_until_ready((landed, adopted))
+
   # Rounds -----------------------------------------------------------------------------------------
 
   def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False,
