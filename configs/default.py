@@ -41,6 +41,9 @@ def get_config() -> ml_collections.ConfigDict:
   # handled. 0 = 2 under the real clock and 1 under the virtual one (whose recorded runs keep their numbers); 1
   # wherever a learner has several slices or faults are injected.
   config.parts_in_flight = 0
+  # Rounds of every learner to trace with jax.profiler into <run>/profile/ (TensorBoard's profile plugin or Perfetto;
+  # docs/accelerator.md); 0 = no trace. Modes decoupled and diloco_sync.
+  config.profile_rounds = 0
   # P: Streaming DiLoCo fragments (modes decoupled, diloco_sync). P > 1: a learner reports every H/P inner steps, each
   # report carrying one of P balanced groups of tensors in turn (each fragment syncs every H steps, staggered by H/P),
   # merged with that fragment's own quorum, grace window and outer momentum; τ < H/P. 1 = the whole model each H.

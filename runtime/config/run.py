@@ -134,6 +134,7 @@ class RunConfig:
   slices_per_learner: int = 1  # k: a learner's round runs data-parallel over k slices (cluster/learner_slices.py)
   inner_steps: int = 30  # H
   overlap_steps: int = 0  # τ: inner steps a learner keeps training while its report syncs
+  profile_rounds: int = 0  # rounds of every learner traced with jax.profiler into <run>/profile/; 0 = none
   parts_in_flight: int = 0  # programs a learner keeps queued on its slices (0 = 2 under the real clock, else 1)
   fragments: int = 1  # P: each report carries one of P fragments of the model (runtime/diloco/fragment_plan.py)
   total_steps: int = 300  # per-learner inner steps at full global batch; fixes the token budget
@@ -315,6 +316,7 @@ def validate(run: RunConfig) -> None:
   check(run.slices == 0 or run.learners <= run.slices <= run.num_devices, "slices", run.slices,
          f"0 (one per learner) or from learners ({run.learners}) to num_devices ({run.num_devices})")
   check(run.inner_steps >= 1, "inner_steps", run.inner_steps, "an integer >= 1")
+  check(run.profile_rounds >= 0, "profile_rounds", run.profile_rounds, "a whole number of rounds >= 0 (0: no trace)")
   check(run.parts_in_flight in (0, 1, 2), "parts_in_flight", run.parts_in_flight, "0 (by the clock), 1 or 2")
   check(0 <= run.overlap_steps < run.inner_steps, "overlap_steps", run.overlap_steps,
          f"0 <= overlap_steps < inner_steps ({run.inner_steps})")

@@ -15,6 +15,7 @@ grace window; `Rounds` the token budget, reports and Θ on their way; `MergeSche
 import concurrent.futures
 import dataclasses
 import os
+import pathlib
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -29,6 +30,7 @@ from runtime.diloco.ledger import Ledger
 from runtime.diloco.learner import ABSENT, DONE, DOWN, RECONFIGURING, TRAINING, WAITING
 from runtime.diloco.membership import Membership, make_data_service, make_learners
 from runtime.diloco.merge_schedule import IDLE, MergeSchedule
+from runtime.diloco.profiling import RoundsProfile, annotate
 from runtime.diloco.reconfiguration import SeveralSlices
 from runtime.diloco.rounds import Rounds
 from runtime.diloco.run_log import RunLog
@@ -89,6 +91,7 @@ class Controller:
     self.durability = Durability(run, workdir, name, treedefs, self.host_sharding, devices, self.clock, self.syncer,
                                  self.learners, self.merges, self.rounds, self.slices, self.links, self.ledger,
                                  self.membership, log)
+    self.profile = RoundsProfile(run.profile_rounds, pathlib.Path(workdir) / name / "profile" if workdir else None)
     self.event_time = 0.0  # when the event being handled happened
     self._handlers = {
         EventKind.PART_DONE: self._on_part_done, EventKind.PARAMS_ARRIVED: self.rounds.on_params_arrived,
@@ -113,6 +116,7 @@ class Controller:
       raise
 
   def _close(self) -> None:
+    self.profile.close()
     for learner in self.learners:
       learner.close()
     self.merges.close()
@@ -161,6 +165,7 @@ class Controller:
   def _loop(self, start: bool) -> None:
     if self.run.clock.kind == "real":
       self._warm_up()
+    self.profile.start(self.learners)
     if start:
       for learner in self.learners[:self.run.learners]:  # learners of lent capacity join when it is lent
         learner.reset(self.syncer.params, 0, 0.0)
@@ -169,7 +174,10 @@ class Controller:
       if not self._work_scheduled():
         self.merges.schedule(0.0)  # the budget is spent: merge what is left, quorum or not
       self.event_time, event = self.clock.next_event()  # (real clock: when it happened, maybe before now)
-      self._handlers[EventKind(event.kind)](event)
+      kind = EventKind(event.kind)
+      with annotate(f"controller/{kind.value}"):
+        self._handlers[kind](event)
+      self.profile.observe(self.learners)
 
   def _work_scheduled(self) -> bool:
     """True while a learner, a report or a merge is still on its way (fault timers don't count).

@@ -20,6 +20,7 @@ from runtime.config.run import RunConfig
 from runtime.diloco.clock import Event, EventKind
 from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, Learner
 from runtime.diloco.messages import Report
+from runtime.diloco.profiling import annotate
 from runtime.diloco.syncer import MergeResult, Syncer
 from runtime.train import tree_transfer
 
@@ -81,18 +82,21 @@ class MergeSchedule:
   def _merge(self, reports: list[Report], members: int) -> "Merged":
     """In the worker: the reports' tensors to the host, the merge, and Θ onto the merged learners' slices."""
     marks = [time.perf_counter()]
-    landed = [r if r.params is None else dataclasses.replace(r, params=tree_transfer.copy_to(r.params, self._host))
-              for r in reports]
-    jax.block_until_ready([r.params for r in landed])
+    with annotate("syncer/report_copy"):
+      landed = [r if r.params is None else dataclasses.replace(r, params=tree_transfer.copy_to(r.params, self._host))
+                for r in reports]
+      jax.block_until_ready([r.params for r in landed])
     marks.append(time.perf_counter())
-    result = self._syncer.compute(landed, members)
+    with annotate("syncer/merge"):
+      result = self._syncer.compute(landed, members)
     marks.append(time.perf_counter())
     placed = {}
-    if self._syncer.trees.num == 1 and self._syncer.mirrors is None:  # (else Θ goes down as a fragment or compressed)
-      for m in result.merged:
-        sharding = self._learners[m].param_sharding  # (a learner moved meanwhile copies Θ itself)
-        placed[m] = (sharding, tree_transfer.copy_to(result.params, sharding))
-      jax.block_until_ready([tree for _, tree in placed.values()])
+    with annotate("syncer/theta_copy"):
+      if self._syncer.trees.num == 1 and self._syncer.mirrors is None:  # (else Θ goes down as a fragment, compressed)
+        for m in result.merged:
+          sharding = self._learners[m].param_sharding  # (a learner moved meanwhile copies Θ itself)
+          placed[m] = (sharding, tree_transfer.copy_to(result.params, sharding))
+        jax.block_until_ready([tree for _, tree in placed.values()])
     marks.append(time.perf_counter())
     stages = dict(zip(("report_copy_s", "merge_s", "theta_copy_s"), (b - a for a, b in zip(marks, marks[1:]))))
     return Merged(result, placed, stages)

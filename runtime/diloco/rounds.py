@@ -20,6 +20,7 @@ from runtime.diloco.learner import DONE, RECONFIGURING, TRAINING, WAITING, Learn
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.merge_schedule import MergeSchedule
 from runtime.diloco.messages import Delivery
+from runtime.diloco.profiling import annotate
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.slice_lifecycle import SliceLifecycle
 from runtime.diloco.syncer import Syncer
@@ -94,7 +95,8 @@ class Rounds:
     try:
       at = (self.tokens_dispatched // self._run.tokens_per_step if self._run.inner.schedule_progress == "run"
             else None)
-      part = learner.dispatch(kind, steps, now, modeled, armed=crash_at is not None, schedule_at=at)
+      with annotate(f"learner{learner.index}/dispatch"):
+        part = learner.dispatch(kind, steps, now, modeled, armed=crash_at is not None, schedule_at=at)
     except Exception as error:  # pylint: disable=broad-except
       self._slices.failed(learner, "at dispatch", error)
       return False
@@ -178,7 +180,9 @@ class Rounds:
     """The learner adopts the Θ it was delivered and starts its next round."""
     delivery, started = learner.inbox, time.perf_counter()
     try:
-      self.write_off(learner.adopt(self._clock.now()))
+      with annotate(f"learner{learner.index}/adopt"):
+        written_off = learner.adopt(self._clock.now())
+      self.write_off(written_off)
     except CorruptPayload as error:  # nothing adopted: Θ goes again, whole
       self._resend_theta(learner, delivery, error)
       return
