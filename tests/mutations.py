@@ -48,9 +48,21 @@ MUTATIONS = {
         "      self._data.restore(self.book.reported_position)  # overlap steps were overwritten: serve their data again\n",
         "", "tests/integration/test_overlap.py::test_overwrite_still_trains_the_overlap_data_again_as_an_ablation"),
     "overlap_progress_dropped": (
-        "runtime/diloco/learner.py", "      theta = receive_lib.carry(theta, self.state.params, self._at_report)\n",
-        "      pass\n",
+        "runtime/diloco/receive.py", "    return carry(theta, local, at_report)\n", "    return theta\n",
         "tests/unit/test_learner.py::test_adopting_theta_carries_the_overlap_progress_onto_it_and_into_the_next_report"),
+    "no_second_part_queued": (
+        "runtime/diloco/rounds.py", "len(learner.parts) < self._depth and", "len(learner.parts) < 1 and",
+        "tests/integration/test_parts_in_flight.py::"
+        "test_the_queue_never_exceeds_two_parts_and_nothing_is_lost_or_merged_twice"),
+    "void_part_books_its_tokens": (
+        "runtime/diloco/learner_book.py", "    if not void:\n", "    if True:\n",
+        "tests/integration/test_parts_in_flight.py::"
+        "test_the_queue_never_exceeds_two_parts_and_nothing_is_lost_or_merged_twice"),
+    "report_copied_to_the_host_by_the_controller": (
+        "runtime/diloco/learner.py", "    params, payload = self._capture.send()\n",
+        "    params, payload = self._capture.send()\n    params = params and tree_transfer.copy_to(params, "
+        "jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0]))\n",
+        "tests/integration/test_parts_in_flight.py::test_under_the_real_clock_slow_host_copies_never_idle_the_device"),
     "quorum_not_rechecked_when_a_learner_finishes": (
         "runtime/diloco/rounds.py", "      self._merges.maybe_merge()  # a finished learner lowers the effective quorum\n",
         "", "tests/integration/test_diloco.py::test_a_learner_finishing_its_budget_lowers_the_quorum_and_the_last_reports_merge"),

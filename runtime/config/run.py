@@ -151,15 +151,6 @@ class RunConfig:
   resume: bool = True  # the workdir holds this run: resume it; False: start afresh in a new run directory
 
   @property
-  def queue_depth(self) -> int:
-    """The parts a learner keeps in flight: `parts_in_flight`, or by the clock (0). One where a learner keeps the
-    state before its part (several slices) or a program may be armed to crash (injected faults), whose crash steps
-    are planned from the steps trained so far."""
-    if self.slices_per_learner > 1 or self.faults.schedule or self.faults.mtbi_chip_seconds > 0 or self.faults.trace:
-      return 1
-    return self.parts_in_flight or (2 if self.clock.kind == "real" else 1)
-
-  @property
   def tokens_per_step(self) -> int:
     """Tokens the whole job trains on per inner step (global batch × sequence length)."""
     return self.data.batch_size * self.data.seq_len

@@ -225,7 +225,7 @@ class Controller:
       stamp.update({f"host_{stage}": s for stage, s in made.stages.items()}, host_adopt_s=self.rounds.take_adopt_seconds())
     self.log.merge(result, reports, now, stamp, self.learners,
                    self.merges.grace_seconds(result.fragment), self.syncer.quorum(self.merges.able(result.fragment)),
-                   self.ledger.goodput(now))
+                   self.ledger.goodput(now), made.lrs)
     self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp())
     self.merges.maybe_merge()
     self.durability.merged()

@@ -42,12 +42,16 @@ class DeviceTimeline:
     self.last_seconds = seconds
     return seconds
 
-  def idle_fraction(self, intervals: Iterable[tuple[str, float, float, str]]) -> float:
+  def idle_fraction(self, intervals: Iterable[tuple[str, float, float, str]],
+                    status: tuple[str, float] | None = None) -> float:
     """The share of the active span with no program of the learner's own on its device (`intervals`: its status
-    timeline, (who, from, to, status); time without a slice does not count). NaN before any part ended."""
+    timeline, (who, from, to, status), and `status`: the one it is in, since when; time without a slice does not
+    count). NaN before any part ended."""
     if not self.parts:
       return math.nan
     start, end = self.first_enqueued, self.last_ended
+    if status is not None:
+      intervals = [*intervals, ("", status[1], end, status[0])]
     away = sum(max(0.0, min(b, end) - max(a, start)) for _, a, b, status in intervals if status in NO_SLICE)
     span = end - start - away
     return min(max(1.0 - self.busy_seconds / span, 0.0), 1.0) if span > 0 else 0.0

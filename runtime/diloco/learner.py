@@ -12,7 +12,6 @@ collect, report, adopt Θ, fail and rejoin.
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -23,17 +22,16 @@ from runtime.config.run import RunConfig
 from runtime.data.service import LeasedStream
 from runtime.diloco import placement as placement_lib
 from runtime.diloco import receive as receive_lib
-from runtime.diloco.device_timeline import DeviceTimeline
 from runtime.diloco.fragment_trees import LearnerFragments
 from runtime.diloco.learner_book import ABSENT, DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING, LearnerBook
 from runtime.diloco.messages import Delivery, Failure, Report, RoundPart
-from runtime.diloco.part_snapshot import pack_before, pack_part, unpack_before, unpack_part
+from runtime.diloco.part_queue import PartQueue
+from runtime.diloco.report_capture import ReportCapture
 from runtime.faults import injection
 from runtime.diloco.fragment_plan import WHOLE
 from runtime.train.programs import TrainState, schedule_to
 from runtime.data.staging import Stager
 from runtime.wire.downlink import Downlink
-from runtime.wire.payload import Payload
 from runtime.wire.uplink import Uplink
 
 PyTree = Any
@@ -42,11 +40,8 @@ __all__ = ["ABSENT", "DONE", "DOWN", "FAILED", "RECONFIGURING", "TRAINING", "WAI
 
 
 class Learner:
-  """Owns one slice (or several); all device work is dispatched asynchronously and awaited only in `collect`.
-
-  Its parts in flight are queued on its slices in the order they were dispatched (the controller bounds how many,
-  `RunConfig.parts_in_flight`); each is collected in that order when its program has finished.
-  """
+  """Owns one slice (or several); all device work is dispatched asynchronously and awaited only in `collect`, its
+  parts in flight oldest first (runtime/diloco/part_queue.py)."""
 
   STATE_LOST = (DOWN, FAILED)  # statuses whose device state is gone (a checkpoint saves none)
 
@@ -66,16 +61,13 @@ class Learner:
       self.move_to(slice_index, devices)
     self.book = LearnerBook(round_start=self._data.position, reported_position=self._data.position)
     self.state: TrainState | None = None
-    self.parts: list[RoundPart] = []  # in flight, oldest first
-    self._void = 0  # how many of the oldest parts in flight trained on what an adopted Θ replaced (their work is lost)
-    self._captured: tuple | None = None  # the report taken on the slice before the next part was enqueued
-    self.device = DeviceTimeline()
+    self.parts = PartQueue()  # in flight, oldest first
     self.inbox: Delivery | None = None  # received but not yet adopted (the learner was busy)
     self.fragments = LearnerFragments(run.fragments)
     self._at_report: Any = None  # θ on the slice when the last report was taken (receive == "carry")
-    self._before_part: tuple | None = None  # (state, data position) before the part in flight, if it keeps them
     self.uplink = Uplink(run.compression) if run.compression.up != "none" else None  # compressed reports
     self.downlink = Downlink(run.compression) if run.compression.down != "none" else None  # compressed Θ
+    self._capture = ReportCapture(self.uplink)  # the report taken before the part after its part is enqueued
 
   # The book's figures that the controller reads (see LearnerBook), and where a joining learner's schedule stands
   status = property(lambda self: self.book.status)
@@ -85,14 +77,13 @@ class Learner:
   reports_out = property(lambda self: self.book.reports_out)
   completions = property(lambda self: self.book.completions)
   intervals = property(lambda self: self.book.intervals)
-
   total_steps = property(lambda self: self.book.total_steps)
   inflight = property(lambda self: self.parts[0] if self.parts else None)  # the oldest part in flight
+  device = property(lambda self: self.parts.device)  # when its parts ran
 
   def device_idle(self) -> float:
     """The share of its active span in which its device had no program of its own (see DeviceTimeline)."""
-    book = self.book
-    return self.device.idle_fraction([*book.intervals, ("", book.state_since, self.device.last_ended, book.status)])
+    return self.parts.device.idle_fraction(self.book.intervals, (self.book.status, self.book.state_since))
 
   # Placement ---------------------------------------------------------------------------------------
 
@@ -127,21 +118,9 @@ class Learner:
     self._new_round(version, now)
 
   def warm_up(self, theta_host: PyTree, host_sharding: jax.sharding.Sharding, part_steps: tuple[int, ...]) -> None:
-    """Compiles the programs of its rounds by running each once on a throwaway state and zero batches (its round of
-    each part length, the report's and Θ's copies, the adoption), so that no part waits for a compilation: under
-    the real clock its device would idle meanwhile. Touches none of its own state or data."""
-    params = tree_transfer.copy_to(theta_host, self.param_sharding)
-    state = self._init(params, 0)
-    shape = (self.tokens_per_batch // self.run.data.seq_len, self.run.data.seq_len + 1)
-    for steps in sorted(set(part_steps)):
-      zeros = jax.device_put(np.zeros((steps, *shape), np.int32), self.batch_sharding)
-      state, _ = self._round_program(state, zeros)
-    local = self.fragments.part(state.params, 0)
-    at_report = tree_transfer.fresh_copy(local)
-    landed = tree_transfer.copy_to(at_report, host_sharding)
-    adopted = receive_lib.carry(tree_transfer.copy_to(theta_host, self.param_sharding), state.params,
-                                tree_transfer.fresh_copy(state.params))
-    jax.block_until_ready((landed, adopted))
+    """Compiles its programs before its first part (placement.warm_up); touches none of its state or data."""
+    batch = (self.tokens_per_batch // self.run.data.seq_len, self.run.data.seq_len + 1)
+    placement_lib.warm_up(self._placements[self.slices], theta_host, host_sharding, part_steps, batch)
 
   # Rounds -----------------------------------------------------------------------------------------
 
@@ -170,12 +149,9 @@ class Learner:
       if not armed:
         raise
       state, metrics, failure = None, None, injection.describe(error)
-    if not self.parts:  # (a learner that keeps them runs one part at a time)
-      self._before_part = before
-    queued = max(self.parts[-1].ends_at(0.0) - now, 0.0) if self.parts and modeled_seconds else 0.0
-    part = RoundPart(kind, steps, staged.tokens, now, modeled_seconds, state, metrics, failure, queued)
-    self.parts.append(part)
-    self.device.enqueued(now)
+    part = RoundPart(kind, steps, staged.tokens, now, modeled_seconds, state, metrics, failure,
+                     self.parts.queued_seconds(now, modeled_seconds))
+    self.parts.push(part, before)
     self.state = state
     self._data.stage_ahead(ahead, self.batch_sharding)
     return part
@@ -187,20 +163,14 @@ class Learner:
     if part.failure:
       raise injection.RecordedFailure(part.failure)
     loss_H = np.asarray(jax.device_get(part.metrics["loss"]))
-    self.parts.pop(0)
-    self._before_part = None
-    device_seconds = self.device.ran(part.started_at, now)
+    _, device_seconds, void = self.parts.pop(now)
     busy = part.modeled_seconds if part.modeled_seconds else device_seconds
-    void, self._void = self._void > 0, max(self._void - 1, 0)
     self.book.collected(part.steps, part.tokens, busy, len(self.slices), float(loss_H.mean()), now, void=void)
     return part
 
   def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
     """When the learner will wait for Θ: the end of its last overlap part in flight (now, if it is waiting)."""
-    ends = 0.0
-    for part in self.parts:
-      ends = part.ends_at(seconds_per_step, ends)
-    return now if not self.parts or self.parts[-1].kind != "overlap" else ends
+    return now if not self.parts or self.parts[-1].kind != "overlap" else self.parts.ends_at(seconds_per_step)
 
   # Reports and Θ ----------------------------------------------------------------------------------
 
@@ -210,33 +180,24 @@ class Learner:
   def capture_report(self) -> None:
     """Takes the report's tensors on the slice, before the next part is enqueued behind the part that ends in it
     (that part donates them): θ_m's next fragment copied there (or quantized there); nothing waits."""
-    book = self.book
-    how, book.corrupt_next = book.corrupt_next, ""
+    how, self.book.corrupt_next = self.book.corrupt_next, ""
     local = self.fragments.part(self.state.params, 0 if self.fragments.num == 1 else self.fragments.next())
-    parts = self.uplink.quantize(local, how) if self.uplink else None  # quantized on the slice
-    params = None if parts is not None else tree_transfer.fresh_copy(local)
-    if how and parts is None:
-      params = injection.corrupt(params, how)
+    self._capture.take(local, how)
     if self.run.overlap_steps and self.run.outer.receive == "carry":
       self._at_report = tree_transfer.fresh_copy(local)  # the next round donates the state's buffers
-    self._captured = (how, params, parts)
 
   def report(self, now: float) -> Report:
     """θ_m (its next fragment's tensors, on its slice: the merge worker copies them to the host) and what it was
     trained on since Θ."""
-    if self._captured is None:
+    if not self._capture.taken:
       self.capture_report()
-    (how, params, parts), self._captured = self._captured, None
+    params, payload = self._capture.send()
     book = self.book
     fields = self.fragments.report(book.base_version, book.total_tokens, book.total_steps)
     return Report(self.index, params, book.tokens, book.steps, loss=book.last_loss, sent_at=now, **fields,
                   data_start=book.round_start, data_end=self._data.position, busy_seconds=book.unreported_busy,
-                  round=book.round, total_steps=book.total_steps, payload=self._payload(parts, how),
+                  round=book.round, total_steps=book.total_steps, payload=payload,
                   base_mirror=self.downlink.key[0] if self.downlink else -1)
-
-  def _payload(self, parts: Any, how: str) -> Payload | None:
-    """The compressed report's payload from its quantized parts (waiting for them), or as a checkpoint kept it."""
-    return parts if parts is None or isinstance(parts, Payload) else self.uplink.pack(parts, how)
 
   def live_versions(self) -> tuple[int, ...]:
     """The Θ versions it works from: its base, or each fragment's."""
@@ -272,8 +233,7 @@ class Learner:
     if delivery.fragment != WHOLE:
       return self._adopt_fragment(delivery, now)
     theta_host = self.downlink.receive(delivery) if self.downlink else delivery.params  # may raise CorruptPayload
-    in_flight = sum(part.tokens for part in self.parts[self._void:])  # overlap steps queued behind the running part
-    unreported = self.book.unreported_tokens() + in_flight  # overlap steps after the report
+    unreported = self.book.unreported_tokens() + self.parts.live_tokens()  # overlap steps after the report
     keep = bool(unreported) and receive != "overwrite" and delivery.rewind_to is None and not delivery.reset
     keep = keep and self.fragments.num == 1  # (with fragments, Θ comes whole only to start afresh from it)
     written_off = 0
@@ -284,7 +244,7 @@ class Learner:
       self._data.restore(self.book.reported_position)  # overlap steps were overwritten: serve their data again
       written_off = unreported
     if not keep:  # the parts in flight train on what Θ replaces: their work is written off with the rest
-      self._void = len(self.parts)
+      self.parts.void_all()
     if delivery.reset:
       self.reset(delivery.params, delivery.version, now)
       return written_off
@@ -293,10 +253,8 @@ class Learner:
              else tree_transfer.copy_to(theta_host, self.param_sharding))
     if self.uplink:  # a lost report's residual goes with its work
       self.uplink.start(theta, keep_residual=delivery.rewind_to is None)
-    if keep and receive == "carry":
-      theta = receive_lib.carry(theta, self.state.params, self._at_report)
-    elif receive == "mix" and delivery.rewind_to is None:  # rewound work is trained again, not mixed in
-      theta = receive_lib.mix(theta, self.state.params, jnp.float32(self.run.outer.mix_alpha))
+    theta = receive_lib.taken(receive, theta, self.state.params, self._at_report, self.run.outer.mix_alpha,
+                              may_carry=keep, may_mix=delivery.rewind_to is None)  # (rewound work is trained again)
     self.state = self.state.replace(params=theta)
     self._new_round(delivery.version, now, carried=keep)
     return written_off
@@ -306,11 +264,8 @@ class Learner:
     the overlap steps' work stays in the others and opens the new round: none is written off."""
     p, receive = delivery.fragment, self.run.outer.receive
     theta = tree_transfer.copy_to(delivery.params, self.fragments.part(self.param_sharding, p))
-    local = self.fragments.part(self.state.params, p)
-    if receive == "carry" and self._at_report is not None:
-      theta = receive_lib.carry(theta, local, self._at_report)
-    elif receive == "mix":
-      theta = receive_lib.mix(theta, local, jnp.float32(self.run.outer.mix_alpha))
+    theta = receive_lib.taken(receive, theta, self.fragments.part(self.state.params, p), self._at_report,
+                              self.run.outer.mix_alpha, may_carry=self._at_report is not None, may_mix=True)
     self.state = self.state.replace(params=self.fragments.put(self.state.params, theta, p))
     self._new_round(delivery.version, now, carried=True, fragment=p)
     return 0
@@ -330,10 +285,11 @@ class Learner:
     """The learner's slice failed (or its program, `status` FAILED): its future is dropped, its unreported work is
     lost, and it leaves the slice."""
     detail = self._await_inflight(now)
-    lost = sum(part.tokens for part in self.parts[self._void:])  # (void parts' tokens are written off already)
-    self.parts, self._void, self._captured = [], 0, None
+    lost = self.parts.live_tokens()  # (void parts' tokens are written off already)
+    self.parts.clear()
+    self._capture.drop()
     failure = Failure(self.slice_index, detail, lost + self.book.unreported_tokens(), self.book.unreported_busy)
-    self.inbox = self._before_part = None
+    self.inbox = None
     self.set_status(status, now)
     self.slices, self.slice_index = (), -1
     return failure
@@ -342,11 +298,11 @@ class Learner:
     """One of its several slices failed and it reconfigures: only the part in flight is lost (its data is served
     again); the learner keeps the state it had before that part, its round and what it trained since Θ."""
     detail = self._await_inflight(now)
-    (part,), self.parts = self.parts or (None,), []  # (a learner of several slices runs one part at a time)
+    part, before = self.inflight, self.parts.before  # (a learner of several slices runs one part at a time)
+    self.parts.clear()
     if part is not None:
-      self.state, start = self._before_part
+      self.state, start = before
       self._data.restore(start)
-    self._before_part = None
     self.set_status(RECONFIGURING, now)
     lost_seconds = (now - part.started_at) * len(self.slices) if part else 0.0
     return Failure(self.slice_index, detail, part.tokens if part else 0, lost_seconds)
@@ -406,11 +362,10 @@ class Learner:
     state = None if lost else snapshot_lib.copied(self.state)
     return dict(  # (the trees packed in this order: their arrays' keys are numbered as they come)
         self.book.snapshot(), fragments=self.fragments.snapshot(), slice_index=self.slice_index,
-        slices=list(self.slices), data=self._data.position, before=pack_before(self._before_part, packer, group),
+        slices=list(self.slices), data=self._data.position,
         leases=None if self.leased is None else self.leased.snapshot(), state=packer.tree(state, "train", group),
         inbox=packer.value(self.inbox), at_report=packer.tree(self._at_report, "params", group),
-        inflight=pack_part(self.inflight, packer, group), queued=[pack_part(p, packer, group) for p in self.parts[1:]],
-        void=self._void, device=self.device.snapshot(), captured=self._pack_captured(packer, group),
+        **self.parts.snapshot(packer, group), captured=self._capture.snapshot(packer, group),
         uplink=self.uplink.snapshot(packer, group) if self.uplink and state is not None else None,  # else reset with Θ
         downlink=self.downlink.snapshot(packer, group) if self.downlink and state is not None else None)
 
@@ -437,23 +392,9 @@ class Learner:
         self.uplink.restore(saved.get("uplink"), unpacker, snapshot_lib.like(like.params), group)
       if self.downlink:
         self.downlink.restore(saved.get("downlink"), unpacker)
-    self._before_part = unpack_before(before, unpacker, group, like)
-    saved_parts = [p for p in (saved["inflight"], *saved.get("queued", ())) if p is not None]
-    # (a learner never placed, e.g. not yet lent, has none and no mesh)
-    self.parts = [unpack_part(p, unpacker, group, self.state, self.mesh, failure) for p in saved_parts]
-    self._void, self.device = saved.get("void", 0), DeviceTimeline.restored(saved.get("device"))
-    captured = saved.get("captured")
-    self._captured = None if captured is None else (
-        captured["how"], unpacker.tree(captured["params"], where=f"{group}.captured"),
-        unpacker.payload(captured["payload"]))
-
-  def _pack_captured(self, packer: snapshot_lib.Packer, group: str) -> dict | None:
-    """The report taken before the part in flight ends (parts_in_flight > 1): its tensors, or its payload packed."""
-    if self._captured is None:
-      return None
-    how, params, parts = self._captured
-    return dict(how=how, params=packer.tree(params, "params", f"{group}.captured"),
-                payload=packer.payload(self._payload(parts, how)))
+    # (a learner never placed, e.g. not yet lent, has no part in flight and no mesh)
+    self.parts.restore(saved, unpacker, group, self.state, getattr(self, "mesh", None), failure, like)
+    self._capture.restore(saved.get("captured"), unpacker, group)
 
   def close(self) -> None:
     self._data.close()

@@ -23,6 +23,7 @@ from runtime.diloco.messages import Report
 from runtime.diloco.profiling import annotate
 from runtime.diloco.syncer import MergeResult, Syncer
 from runtime.train import tree_transfer
+from runtime.train.optim import inner_lr
 
 IDLE, SCHEDULED, RUNNING = "idle", "scheduled", "running"
 
@@ -34,6 +35,7 @@ class MergeSchedule:
                host_sharding: jax.sharding.Sharding):
     self._run, self._clock, self._learners, self._syncer, self._members = run, clock, learners, syncer, members
     self._host = host_sharding
+    self._lr = inner_lr(run.inner, run.total_steps)  # evaluated here: on the host CPU it queues behind the merge
     self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="syncer")
     self._worker.submit(syncer.compile_merges)  # every merge size, before the first merge needs one
     self.state = IDLE
@@ -97,9 +99,10 @@ class MergeSchedule:
           sharding = self._learners[m].param_sharding  # (a learner moved meanwhile copies Θ itself)
           placed[m] = (sharding, tree_transfer.copy_to(result.params, sharding))
         jax.block_until_ready([tree for _, tree in placed.values()])
+    lrs = tuple(self._lr(r.total_steps - 1) for r in reports if r.learner in result.merged)
     marks.append(time.perf_counter())
     stages = dict(zip(("report_copy_s", "merge_s", "theta_copy_s"), (b - a for a, b in zip(marks, marks[1:]))))
-    return Merged(result, placed, stages)
+    return Merged(result, placed, stages, lrs)
 
   def finished(self, event: Event) -> tuple["Merged", list[Report], float]:
     """The merge of a MERGE_DONE event: what the worker made, its reports and when it started; the next may be
@@ -122,8 +125,9 @@ class MergeSchedule:
 @dataclasses.dataclass(frozen=True)
 class Merged:
   """What the worker made of one merge: the result, Θ laid out on each merged learner's slices (learner: (sharding,
-  tree)), and the host seconds of each stage."""
+  tree)), the host seconds of each stage, and the inner learning rate of each merged report's last step."""
 
   result: MergeResult
   placed: dict[int, tuple[Any, Any]]
   stages: dict[str, float]
+  lrs: tuple[float, ...] = ()

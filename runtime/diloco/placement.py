@@ -11,13 +11,16 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 import jax
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from models import lm
 from runtime.cluster import devices as devices_lib
 from runtime.config.run import RunConfig
+from runtime.diloco import receive as receive_lib
 from runtime.faults import injection
+from runtime.train import tree_transfer
 from runtime.train.programs import init_state, make_round
 
 PyTree = Any
@@ -59,3 +62,19 @@ def place(learner: int, slices: tuple[int, ...], groups: Sequence[Sequence[jax.D
 def moved(tree: PyTree, mesh: Mesh) -> PyTree:
   """`tree` laid out the same way on another learner mesh of the same axes (fewer or more slices)."""
   return jax.device_put(tree, jax.tree.map(lambda x: NamedSharding(mesh, x.sharding.spec), tree))
+
+
+def warm_up(where: Placement, theta_host: PyTree, host_sharding: jax.sharding.Sharding, part_steps: Sequence[int],
+            batch_shape: tuple[int, int]) -> None:
+  """Compiles the programs a learner runs there by running each once on a throwaway state and zero batches of
+  `batch_shape`: its round of each part length, a report's copy to the host, Θ's copy onto the slices and the
+  adoption. Under the real clock a part dispatched before would make the device idle while its program compiles."""
+  params = tree_transfer.copy_to(theta_host, where.param_sharding)
+  state = where.init(params, 0)
+  for steps in sorted(set(part_steps)):
+    state, _ = where.round_program(state, jax.device_put(np.zeros((steps, *batch_shape), np.int32),
+                                                         where.batch_sharding))
+  landed = tree_transfer.copy_to(tree_transfer.fresh_copy(state.params), host_sharding)
+  adopted = receive_lib.carry(tree_transfer.copy_to(theta_host, where.param_sharding), state.params,
+                              tree_transfer.fresh_copy(state.params))
+  jax.block_until_ready((landed, adopted))

@@ -5,7 +5,7 @@ the reports on their way to the syncer. Each learner's round is a main part of H
 and an overlap part of τ steps that trains while the report syncs; the learner adopts the Θ that answers it and
 starts its next round.
 
-With two parts in flight (`RunConfig.queue_depth`), a learner's next part is enqueued while the current one runs,
+With two parts in flight (`queue_depth`), a learner's next part is enqueued while the current one runs,
 whenever what comes next is known: the overlap part behind the main part (the report's tensors taken on the slice
 between them), another overlap part behind an overlap part (outer.keep_training), or the adoption of Θ that has
 arrived and the next round's main part. So its device never waits for the controller to handle a completion.
@@ -28,6 +28,16 @@ from runtime.network.links import Links
 from runtime.wire.payload import CorruptPayload
 
 
+def queue_depth(run: RunConfig) -> int:
+  """The parts a learner keeps in flight: `parts_in_flight`, or by the clock (0). One where a learner keeps the state
+  before its part (several slices) or a program may be armed to crash (injected faults), whose crash steps are
+  planned from the steps trained so far."""
+  f = run.faults
+  if run.slices_per_learner > 1 or f.schedule or f.mtbi_chip_seconds > 0 or f.trace:
+    return 1
+  return run.parts_in_flight or (2 if run.clock.kind == "real" else 1)
+
+
 class Rounds:
   """Dispatches the learners' parts, sends their reports and Θ, and keeps the budget."""
 
@@ -38,7 +48,7 @@ class Rounds:
     self._slices, self._merges = slices, merges
     self.tokens_dispatched = 0
     self.reports_in_transit = 0
-    self._depth = run.queue_depth
+    self._depth = queue_depth(run)
     self._adopt_seconds: list[float] = []  # host time of each adoption since the last merge record
 
   def work_left(self) -> bool:

@@ -17,7 +17,6 @@ from runtime.train.harness import Experiment, RunResult, Stopwatch, run_time_kin
 from runtime.reporting.metrics import MetricsLogger
 from runtime.network import config as links_config
 from runtime.periodic import Marks
-from runtime.train.optim import inner_lr
 
 PyTree = Any
 # Fault records that count as injected faults (the rest are their consequences: rejoin, expand, quarantine, ...);
@@ -43,7 +42,6 @@ class RunLog:
     self.eval_loss = float("nan")
     self._evaluated_version = -1
     self._eval_marks = Marks(run.eval_every * run.tokens_per_step)
-    self._inner_lr = inner_lr(run.inner, run.total_steps)
 
   def fault(self, kind: str, learner: int, now: float, detail: str) -> None:
     self.faults.append(self.logger.log("fault", dict(fault=kind, learner=learner, time=now, detail=detail)))
@@ -53,11 +51,11 @@ class RunLog:
     self.merged_ranges.append((report.learner, report.data_start["position"], report.data_end["position"]))
 
   def merge(self, result: MergeResult, reports: Sequence[Report], now: float, stamp: dict, learners: Sequence[Learner],
-            grace: float, quorum: int, goodput: float) -> None:
+            grace: float, quorum: int, goodput: float, lrs: Sequence[float]) -> None:
     """The record of one outer step, with the learners' state at its end.
 
     Per merged learner, in the order of `merged`: its round's mean train loss (`losses`, their mean is `loss`)
-    and the inner learning rate of its last step (`lr`).
+    and the inner learning rate of its last step (`lr`, `lrs`: the merge worker evaluates them).
     """
     self.tokens_merged += result.tokens
     kept = [r for r in reports if r.learner in result.merged]
@@ -65,7 +63,7 @@ class RunLog:
     record = dict(
         version=result.version, tokens=self.tokens_merged, time=now, **stamp,
         loss=float(np.mean(losses)) if losses else float("nan"), merged=list(result.merged), losses=losses,
-        lr=[self._inner_lr(r.total_steps - 1) for r in kept],
+        lr=list(lrs),
         num_merged=len(result.merged), quarantined=[m for m, _ in result.quarantined],
         staleness=list(result.staleness), weights=list(result.weights), update_norm=result.update_norm,
         busy=[l.busy_fraction(now) for l in learners], bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down,

@@ -1,0 +1,61 @@
+"""A learner's report taken on its slice before the part after it is enqueued, and sent when its part has finished.
+
+The part that ends in a report and the part queued behind it share the state, which the second donates: the
+report's tensors are taken first, as a fresh copy on the slice (or quantized there under compression). Nothing
+waits: the merge worker copies them to the host, and a compressed report's payload is packed only when its part has
+finished. A checkpoint taken in between keeps them.
+"""
+
+from typing import Any
+
+from runtime.checkpoint import snapshot as snapshot_lib
+from runtime.faults import injection
+from runtime.train import tree_transfer
+from runtime.wire.payload import Payload
+from runtime.wire.uplink import Uplink
+
+PyTree = Any
+
+
+class ReportCapture:
+  """At most one report taken and not yet sent: its fault injection, its tensors or its quantized parts."""
+
+  def __init__(self, uplink: Uplink | None):
+    self._uplink = uplink
+    self._taken: tuple[str, PyTree, Any] | None = None  # (corruption, params, quantized parts or payload)
+
+  def take(self, local: PyTree, corrupt: str) -> None:
+    """Enqueues the copy (or the quantizing) of θ_m's tensors `local`; `corrupt` injects a fault into them."""
+    parts = self._uplink.quantize(local, corrupt) if self._uplink else None
+    params = None if parts is not None else tree_transfer.fresh_copy(local)
+    if corrupt and parts is None:
+      params = injection.corrupt(params, corrupt)
+    self._taken = (corrupt, params, parts)
+
+  @property
+  def taken(self) -> bool:
+    return self._taken is not None
+
+  def send(self) -> tuple[PyTree, Payload | None]:
+    """The report's tensors (on the slice) and its payload (waiting for the quantized parts); it is taken again
+    next time."""
+    (corrupt, params, parts), self._taken = self._taken, None
+    return params, self._payload(parts, corrupt)
+
+  def drop(self) -> None:
+    self._taken = None
+
+  def _payload(self, parts: Any, corrupt: str) -> Payload | None:
+    return parts if parts is None or isinstance(parts, Payload) else self._uplink.pack(parts, corrupt)
+
+  def snapshot(self, packer: snapshot_lib.Packer, group: str) -> dict | None:
+    """The report taken, its tensors in `group`.captured (its payload packed: a checkpoint awaits its part)."""
+    if self._taken is None:
+      return None
+    corrupt, params, parts = self._taken
+    return dict(how=corrupt, params=packer.tree(params, "params", f"{group}.captured"),
+                payload=packer.payload(self._payload(parts, corrupt)))
+
+  def restore(self, saved: dict | None, unpacker: snapshot_lib.Unpacker, group: str) -> None:
+    self._taken = None if saved is None else (
+        saved["how"], unpacker.tree(saved["params"], where=f"{group}.captured"), unpacker.payload(saved["payload"]))

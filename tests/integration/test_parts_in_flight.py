@@ -1,0 +1,134 @@
+"""Two parts in flight per learner: the next part is enqueued before the current one finishes, so a learner's device
+never waits for the controller, and the host's copies (a report to the host, Θ onto the slice) run in the merge
+worker; nothing is lost or merged twice, and under the virtual clock the numbers are one part at a time's."""
+
+import json
+import math
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from invariants import assert_ranges_tile
+from runtime.cluster import devices as devices_lib
+from runtime.diloco import learner as learner_lib
+from runtime.experiments import modes
+from runtime.train import tree_transfer
+
+DELAY_S = 0.3
+
+
+def _overlapping(config, depth, keep_training=False, receive="carry"):
+  config.learners = config.num_devices = 3
+  config.data.batch_size = 12
+  config.total_steps, config.inner_steps, config.overlap_steps = 24, 4, 2
+  config.outer.quorum = 2
+  config.clock.latency_s = 0.3  # Θ arrives while the overlap part runs
+  config.clock.speeds = (1.0, 1.3, 1.7)
+  config.parts_in_flight, config.outer.keep_training, config.outer.receive = depth, keep_training, receive
+  return config
+
+
+def _records(workdir):
+  return [json.loads(line) for line in (workdir / "decoupled" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_parts_in_flight_train_the_same_theta_as_one_at_a_time(tiny_config, tmp_path):
+  """Without outer.keep_training the learner's parts and Θ's adoptions are the same, only enqueued sooner: Θ is bit
+  for bit one part at a time's, and so is every record but modeled times summed in another order."""
+  one = modes.train(_overlapping(tiny_config, 1), tmp_path / "one")[0]
+  two = modes.train(_overlapping(tiny_config, 2), tmp_path / "two")[0]
+  for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(two.params), strict=True):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(_records(tmp_path / "one"), _records(tmp_path / "two"), strict=True):
+    assert a.keys() == b.keys()
+    for key in a:
+      if key in ("time", "grace", "busy", "goodput"):  # (t + queued + modeled vs (t + queued) + modeled)
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-12)
+      elif key != "wall_time":
+        assert a[key] == b[key], (key, a, b)
+  assert one.extras["device_idle_max"] == pytest.approx(two.extras["device_idle_max"], rel=1e-12)
+
+
+@pytest.mark.parametrize("keep_training,receive", [(True, "carry"), (False, "overwrite")])
+def test_the_queue_never_exceeds_two_parts_and_nothing_is_lost_or_merged_twice(tiny_config, tmp_path, monkeypatch,
+                                                                              keep_training, receive):
+  """keep_training: an overlap part is queued behind each overlap part until Θ comes; overwrite: Θ adopted behind a
+  part in flight voids that part (its tokens are written off and its data trained again)."""
+  depths = []
+  dispatch = learner_lib.Learner.dispatch
+
+  def recording(self, *args, **kwargs):
+    part = dispatch(self, *args, **kwargs)
+    depths.append(len(self.parts))
+    return part
+
+  monkeypatch.setattr(learner_lib.Learner, "dispatch", recording)
+  config = _overlapping(tiny_config, 2, keep_training, receive)
+  result = modes.train(config, tmp_path)[0]
+  assert max(depths) == 2 and depths.count(2) > len(depths) // 4
+  assert result.tokens == config.total_steps * config.data.batch_size * config.data.seq_len
+  assert_ranges_tile(result, learners=range(3))
+  merged = [m for r in _records(tmp_path) if r["kind"] == "merge" for m in r["merged"]]
+  assert len(merged) == sum(1 for r in _records(tmp_path) if r["kind"] == "merge" for _ in r["losses"])
+
+
+def test_under_the_real_clock_slow_host_copies_never_idle_the_device(tiny_config, tmp_path, monkeypatch):
+  """Each report's copy to the host and each Θ's copy onto a slice takes 0.3 s more: the merge worker waits for
+  them, the learners keep training (their next part is in flight all along), and no device idles > 5 %."""
+  config = tiny_config
+  config.clock.kind = "real"
+  config.learners = config.num_devices = 2
+  config.model.d_model, config.model.mlp_dim = 64, 256  # parts of tens of ms: the controller is never the bottleneck
+  config.data.batch_size = 16
+  # Enough budget that Θ comes back many times before it is all dispatched (a merge takes 0.6 s more here).
+  config.total_steps, config.inner_steps, config.overlap_steps = 192, 16, 8
+  config.outer.quorum, config.outer.keep_training = 1, True
+  config.outer.quarantine_factor = 1e6  # (progress carried over many overlap parts is no corrupt report)
+  config.eval_every = 10_000  # (Θ evaluated at the end only: no evaluation competes for the 2 CPU cores)
+  copy_to, copies, learners, host = tree_transfer.copy_to, [], {}, devices_lib.host_device()
+  dispatch, dispatched = learner_lib.Learner.dispatch, {}
+  make = learner_lib.Learner.__init__
+
+  def registering(self, *args, **kwargs):
+    make(self, *args, **kwargs)
+    learners[self.index] = self
+
+  def slow(tree, sharding):
+    """A report's copy to the host or Θ's onto a learner's slice, wherever it is made, takes DELAY_S more."""
+    source = {d for x in jax.tree.leaves(tree) for d in x.sharding.device_set}
+    target = set(jax.tree.leaves(sharding)[0].device_set)
+    ends = source | target
+    owner = next((l for l in learners.values() if l.slices and (ends - {host}) <= set(l.mesh.devices.flat)), None)
+    started = time.perf_counter()
+    out = copy_to(tree, sharding)
+    if owner is not None and host in ends and ends != {host}:  # between the host and the learner's slice
+      trained = not math.isnan(owner.device.first_enqueued)
+      time.sleep(DELAY_S)
+      copies.append((owner.index, threading.current_thread().name, trained, bool(owner.parts),
+                     time.perf_counter() - started, time.perf_counter()))
+    return out
+
+  def dispatching(self, *args, **kwargs):
+    dispatched.setdefault(self.index, []).append(time.perf_counter())
+    return dispatch(self, *args, **kwargs)
+
+  monkeypatch.setattr(learner_lib.Learner, "__init__", registering)
+  monkeypatch.setattr(tree_transfer, "copy_to", slow)
+  monkeypatch.setattr(learner_lib.Learner, "dispatch", dispatching)
+  result = modes.train(config, tmp_path)[0]
+  assert result.tokens == config.total_steps * config.data.batch_size * config.data.seq_len
+  training = [c for c in copies if c[2]]  # (the first Θ each learner starts from is copied before it trains)
+  assert len(training) >= 6 and all(seconds >= DELAY_S for *_, seconds, _ in training)
+  assert all(thread.startswith("syncer") for _, thread, *_ in training), training  # the controller never waits
+  # Until the budget is all dispatched, each copy ended with its learner's next part enqueued.
+  before_the_end = [c for c in training if c[-1] < dispatched[c[0]][-1]]
+  assert len(before_the_end) >= 3 and all(c[3] for c in before_the_end), before_the_end
+  merges = [r for r in _records(tmp_path) if r["kind"] == "merge"]
+  # (learner 0's slice is the host's device here: its copies are none, and not delayed)
+  assert sum(r["host_report_copy_s"] >= DELAY_S for r in merges) >= 3
+  assert sum(r["host_theta_copy_s"] >= DELAY_S for r in merges) >= 3
+  assert result.extras["device_idle_max"] <= 0.05, result.details["device_idle"]
+  assert not math.isnan(result.extras["device_idle_mean"])
