@@ -22,3 +22,24 @@ time python3 -m launch.benchmark --which=decoupled_vs_dp --repeats=2 --diloco_st
   --config.overlap_steps=10 --config.outer.keep_training=True --config.progress=False \
   --config.tensorboard=False 2>&1 | grep -v "^[IW][0-9]" | tee "$out/decoupled_vs_dp_overlap.txt"
 time python3 -m launch.bench_merge --learners=8 --repeats=3 2>&1 | grep -v "^[IW][0-9]" | tee "$out/bench_merge.txt"
+# 4. Where a round's time goes: real-clock Decoupled DiLoCo (two parts in flight, τ=10 that keep training) with a
+#    jax.profiler trace of 2 rounds of every learner (docs/accelerator.md); the device idle figures from
+#    results.json and each sync stage's host seconds from the merge records.
+rm -rf "$out/profiled"
+python3 -m launch.train --config=default --config.clock.kind=real --config.learners="$learners" \
+  --config.model.size=100m --config.data.batch_size=32 --config.total_steps=150 --config.overlap_steps=10 \
+  --config.outer.keep_training=True --config.profile_rounds=2 --config.progress=False --config.tensorboard=False \
+  --workdir="$out/profiled" 2>&1 | grep -v "^[IW][0-9]" | tail -3
+python3 - "$out/profiled" <<'PY' | tee "$out/device_idle.txt"
+import json, pathlib, statistics, sys
+run = pathlib.Path(sys.argv[1])
+result = json.loads((run / "results.json").read_text())
+result = result[0] if isinstance(result, list) else result
+print({k: result[k] for k in ("device_idle_max", "device_idle_mean", "busy_mean", "tokens_per_wall_s")})
+merges = [json.loads(l) for p in run.glob("*/metrics.jsonl") for l in p.read_text().splitlines()]
+merges = [m for m in merges if m.get("kind") == "merge"]
+for stage in ("host_report_copy_s", "host_merge_s", "host_theta_copy_s", "host_adopt_s"):
+  values = [m[stage] for m in merges if m.get(stage) == m.get(stage)]
+  print(stage, "median", statistics.median(values) if values else "n/a")
+print("trace:", sorted(str(p) for p in run.glob("*/profile/plugins/profile/*/*")))
+PY

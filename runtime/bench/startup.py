@@ -110,16 +110,16 @@ class JaxMeter:
 
 
 def _meter_jax_calls(meter: JaxMeter, learners: list, log: Any) -> None:
-  """Routes the controller's JAX entry points through `meter`: programs, copies, fetches, the LR schedule."""
+  """Routes the controller's JAX entry points through `meter`: programs, copies, fetches."""
   from runtime.diloco import receive  # pylint: disable=g-import-not-at-top
   for module, name in ((tree_transfer, "copy_to"), (tree_transfer, "fresh_copy"), (receive, "carry"),
                        (receive, "mix")):
     setattr(module, name, meter.wrap(getattr(module, name)))
   for name in ("device_get", "device_put", "block_until_ready"):
     setattr(jax, name, meter.wrap(getattr(jax, name)))
+  del log  # (merge records' learning rates are evaluated in the merge worker)
   for learner in learners:
     learner._round_program, learner._init = meter.wrap(learner._round_program), meter.wrap(learner._init)
-  log._inner_lr = meter.wrap(log._inner_lr)
 
 
 def _cache_key_without_devices() -> None:

@@ -23,7 +23,7 @@ DELAY_S = 0.3
 def _overlapping(config, depth, keep_training=False, receive="carry"):
   config.learners = config.num_devices = 3
   config.data.batch_size = 12
-  config.total_steps, config.inner_steps, config.overlap_steps = 24, 4, 2
+  config.total_steps, config.inner_steps, config.overlap_steps = 16, 4, 2
   config.outer.quorum = 2
   config.clock.latency_s = 0.3  # Θ arrives while the overlap part runs
   config.clock.speeds = (1.0, 1.3, 1.7)
