@@ -167,8 +167,10 @@ class Controller:
       self._warm_up()
     self.profile.start(self.learners)
     if start:
-      for learner in self.learners[:self.run.learners]:  # learners of lent capacity join when it is lent
+      starting = self.learners[:self.run.learners]  # learners of lent capacity join when it is lent
+      for learner in starting:  # every learner has Θ before any starts (no device waits for another's copy)
         learner.reset(self.syncer.params, 0, 0.0)
+      for learner in starting:
         self.rounds.start_round(learner)
     while self._work_scheduled() or self.syncer.pending:
       if not self._work_scheduled():
