@@ -96,13 +96,23 @@ class MergeSchedule:
     with annotate("syncer/theta_copy"):
       if self._syncer.trees.num == 1 and self._syncer.mirrors is None:  # (else Θ goes down as a fragment, compressed)
         for m in result.merged:
-          sharding = self._learners[m].param_sharding  # (a learner moved meanwhile copies Θ itself)
-          placed[m] = (sharding, tree_transfer.copy_to(result.params, sharding))
-        jax.block_until_ready([tree for _, tree in placed.values()])
+          placed.update(self._place(m, result.params))
     lrs = tuple(self._lr(r.total_steps - 1) for r in reports if r.learner in result.merged)
     marks.append(time.perf_counter())
     stages = dict(zip(("report_copy_s", "merge_s", "theta_copy_s"), (b - a for a, b in zip(marks, marks[1:]))))
     return Merged(result, placed, stages, lrs)
+
+  def _place(self, m: int, theta: Any) -> dict[int, tuple[Any, Any]]:
+    """Θ laid out on learner m's slices, or nothing if it has none or they failed meanwhile (a learner that moved
+    or failed copies Θ itself when it adopts it)."""
+    learner = self._learners[m]
+    if not learner.slices:
+      return {}
+    sharding = learner.param_sharding
+    try:
+      return {m: (sharding, jax.block_until_ready(tree_transfer.copy_to(theta, sharding)))}
+    except jax.errors.JaxRuntimeError:
+      return {}
 
   def finished(self, event: Event) -> tuple["Merged", list[Report], float]:
     """The merge of a MERGE_DONE event: what the worker made, its reports and when it started; the next may be
