@@ -156,7 +156,8 @@ class Controller:
   def _warm_up(self) -> None:
     """Under the real clock, every placed learner compiles its programs before the first part is dispatched (on
     threads: compilation releases the GIL), so that no device idles while the controller compiles another's."""
-    steps = (self.run.round_steps - self.run.overlap_steps, *((self.run.overlap_steps,) if self.run.overlap_steps else ()))
+    tau = self.run.overlap_steps
+    steps = (self.run.round_steps - tau, *((tau,) if tau else ()))
     placed = [l for l in self.learners if l.slices]
     with concurrent.futures.ThreadPoolExecutor(max(min(len(placed), os.cpu_count() or 1), 1)) as pool:
       for done in [pool.submit(l.warm_up, self.syncer.params, self.host_sharding, steps) for l in placed]:
@@ -224,7 +225,8 @@ class Controller:
     self.slices.settled()
     stamp = self.clock.wall_stamp()  # (wall times and host stage times: real clock only, never in modeled records)
     if stamp:
-      stamp.update({f"host_{stage}": s for stage, s in made.stages.items()}, host_adopt_s=self.rounds.take_adopt_seconds())
+      stamp.update({f"host_{stage}": s for stage, s in made.stages.items()},
+                   host_adopt_s=self.rounds.take_adopt_seconds())
     self.log.merge(result, reports, now, stamp, self.learners,
                    self.merges.grace_seconds(result.fragment), self.syncer.quorum(self.merges.able(result.fragment)),
                    self.ledger.goodput(now), made.lrs)
