@@ -97,8 +97,8 @@ class MergeSchedule:
       if self._syncer.trees.num == 1 and self._syncer.mirrors is None:  # (else Θ goes down as a fragment, compressed)
         for m in result.merged:
           placed.update(self._place(m, result.params))
-    lrs = tuple(self._lr(r.total_steps - 1) for r in reports if r.learner in result.merged)
     marks.append(time.perf_counter())
+    lrs = tuple(self._lr(r.total_steps - 1) for r in reports if r.learner in result.merged)  # (not a stage: untimed)
     stages = dict(zip(("report_copy_s", "merge_s", "theta_copy_s"), (b - a for a, b in zip(marks, marks[1:]))))
     return Merged(result, placed, stages, lrs)
 
