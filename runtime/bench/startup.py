@@ -5,7 +5,8 @@ DiLoCo under the virtual clock with a tiny model, M learners on one slice each, 
 time from the controller's construction to the first round dispatched on every learner; compilations are counted
 from JAX's monitoring events (persistent-cache hits apart). The controller's CPU per learner round is its thread's
 CPU time over the event loop after every learner's first `warmup_rounds`, divided by the learner rounds completed
-in that window; its JAX share is the part spent inside JAX calls (enqueuing programs, copies, fetches).
+in that window; its JAX share is the part spent inside JAX calls (enqueuing programs, copies, fetches), and the
+enqueue column the part of it spent enqueuing the round programs alone (XLA's own cost per dispatch).
 
 Each M runs with the persistent cache cold (a fresh directory) and warm (the same directory, a second process),
 and, as a route around one compile per slice, cold with a cache key that leaves out the device assignment (as JAX
@@ -92,12 +93,13 @@ def setting_config(config: ml_collections.ConfigDict, bench: StartupBenchConfig,
 
 
 class JaxMeter:
-  """CPU time of one thread inside wrapped JAX calls (nested calls counted once)."""
+  """CPU time of one thread inside wrapped JAX calls (nested calls counted once), and the part of it spent
+  enqueuing round programs."""
 
   def __init__(self, thread: int):
-    self.thread, self.seconds, self._depth = thread, 0.0, 0
+    self.thread, self.seconds, self.round_seconds, self._depth = thread, 0.0, 0.0, 0
 
-  def wrap(self, fn: Callable) -> Callable:
+  def wrap(self, fn: Callable, round_program: bool = False) -> Callable:
     def metered(*args, **kwargs):
       if threading.get_ident() != self.thread or self._depth:
         return fn(*args, **kwargs)
@@ -105,7 +107,9 @@ class JaxMeter:
       try:
         return fn(*args, **kwargs)
       finally:
-        self._depth, self.seconds = 0, self.seconds + time.thread_time() - start
+        seconds = time.thread_time() - start
+        self._depth, self.seconds = 0, self.seconds + seconds
+        self.round_seconds += seconds if round_program else 0.0
     return metered
 
 
@@ -119,7 +123,9 @@ def _meter_jax_calls(meter: JaxMeter, learners: list, log: Any) -> None:
     setattr(jax, name, meter.wrap(getattr(jax, name)))
   del log  # (merge records' learning rates are evaluated in the merge worker)
   for learner in learners:
-    learner._round_program, learner._init = meter.wrap(learner._round_program), meter.wrap(learner._init)
+    learner._init = meter.wrap(learner._init)
+    learner._round_program = meter.wrap(learner._round_program, round_program=True)
+    learner._report_program = meter.wrap(learner._report_program, round_program=True)
 
 
 def _cache_key_without_devices() -> None:
@@ -175,12 +181,12 @@ def measure(config: ml_collections.ConfigDict, warmup_rounds: int, route: str) -
 
     def _loop(self, start):
       super()._loop(start)
-      marks["end"] = (time.perf_counter(), time.thread_time(), marks["parts"], meter.seconds)
+      marks["end"] = (time.perf_counter(), time.thread_time(), marks["parts"], meter.seconds, meter.round_seconds)
 
   begin = time.perf_counter()
   result = TimedController(run, exp, None, "decoupled").train()
   started, (warm_at, warm_cpu, warm_parts) = marks["started"], marks["warm"]
-  end_at, end_cpu, end_parts, jax_cpu = marks["end"]
+  end_at, end_cpu, end_parts, jax_cpu, round_cpu = marks["end"]
   cpu = end_cpu - warm_cpu
   return dict(
       startup_s=started - begin, compiles=counter.compiled(started), cache_hits=counter.loaded(started),
@@ -188,6 +194,7 @@ def measure(config: ml_collections.ConfigDict, warmup_rounds: int, route: str) -
       compile_s=counter.total_seconds("backend", started),
       trace_lower_s=counter.total_seconds("trace", started) + counter.total_seconds("lower", started),
       cpu_ms_per_round=1e3 * cpu / (end_parts - warm_parts), jax_share=jax_cpu / cpu if cpu else math.nan,
+      enqueue_ms_per_round=1e3 * round_cpu / (end_parts - warm_parts),
       timed_rounds=end_parts - warm_parts, window_compiles=counter.compiled(end_at, since=warm_at),
       theta=_digest(result.params), devices=run.num_devices, load=os.getloadavg()[0])
 
@@ -261,7 +268,8 @@ def settings(bench: StartupBenchConfig, scratch: str) -> list[Setting]:
 
 
 COLUMNS = ["M", "devices", "route", "cache", "start-up s", "XLA compiles", "cache loads", "round compiles",
-           "compile+load s", "trace+lower s", "ctrl CPU ms/round", "JAX share", "timed rounds", "window compiles",
+           "compile+load s", "trace+lower s", "ctrl CPU ms/round", "JAX share", "enqueue ms/round", "timed rounds",
+           "window compiles",
            "Θ digest"]
 
 
@@ -271,7 +279,8 @@ def row(setting: Setting, result: dict[str, Any]) -> dict[str, Any]:
           "start-up s": result["startup_s"], "XLA compiles": result["compiles"], "cache loads": result["cache_hits"],
           "round compiles": result["round_compiles"], "compile+load s": result["compile_s"],
           "trace+lower s": result["trace_lower_s"], "ctrl CPU ms/round": result["cpu_ms_per_round"],
-          "JAX share": result["jax_share"], "timed rounds": result["timed_rounds"],
+          "JAX share": result["jax_share"], "enqueue ms/round": result["enqueue_ms_per_round"],
+          "timed rounds": result["timed_rounds"],
           "window compiles": result["window_compiles"], "Θ digest": result["theta"],
           "host load": result["load"]}
 

@@ -156,11 +156,9 @@ class Controller:
   def _warm_up(self) -> None:
     """Under the real clock, every placed learner compiles its programs before the first part is dispatched (on
     threads: compilation releases the GIL), so that no device idles while the controller compiles another's."""
-    tau = self.run.overlap_steps
-    steps = (self.run.round_steps - tau, *((tau,) if tau else ()))
     placed = [l for l in self.learners if l.slices]
     with concurrent.futures.ThreadPoolExecutor(max(min(len(placed), os.cpu_count() or 1), 1)) as pool:
-      for done in [pool.submit(l.warm_up, self.syncer.params, self.host_sharding, steps) for l in placed]:
+      for done in [pool.submit(l.warm_up, self.syncer.params, self.host_sharding) for l in placed]:
         done.result()
 
   def _loop(self, start: bool) -> None:

@@ -67,7 +67,7 @@ class Learner:
     self._at_report: Any = None  # θ on the slice when the last report was taken (receive == "carry")
     self.uplink = Uplink(run.compression) if run.compression.up != "none" else None  # compressed reports
     self.downlink = Downlink(run.compression) if run.compression.down != "none" else None  # compressed Θ
-    self._capture = ReportCapture(self.uplink)  # the report taken before the part after its part is enqueued
+    self._capture = ReportCapture(self.uplink, run.fragments)  # the report taken before the part behind its part
 
   # The book's figures that the controller reads (see LearnerBook), and where a joining learner's schedule stands
   status = property(lambda self: self.book.status)
@@ -96,7 +96,8 @@ class Learner:
     where = self._placements[slices]
     self.slices, self.slice_index = slices, slices[0]
     self.mesh, self.param_sharding, self.batch_sharding = where.mesh, where.param_sharding, where.batch_sharding
-    self._round_program, self._init, self._keeps_state = where.round_program, where.init, where.keeps_state
+    self._round_program, self._report_program = where.round_program, where.report_program
+    self._init, self._keeps_state = where.init, where.keeps_state
 
   def regroup(self, slices: tuple[int, ...], groups: list[list[jax.Device]]) -> None:
     """Moves the learner of several slices, its state with it, onto another set of them (one lost, or one back)."""
@@ -117,10 +118,10 @@ class Learner:
     self.state = self._init(params, self.book.total_steps)
     self._new_round(version, now)
 
-  def warm_up(self, theta_host: PyTree, host_sharding: jax.sharding.Sharding, part_steps: tuple[int, ...]) -> None:
+  def warm_up(self, theta_host: PyTree, host_sharding: jax.sharding.Sharding) -> None:
     """Compiles its programs before its first part (placement.warm_up); touches none of its state or data."""
-    batch = (self.tokens_per_batch // self.run.data.seq_len, self.run.data.seq_len + 1)
-    placement_lib.warm_up(self._placements[self.slices], theta_host, host_sharding, part_steps, batch)
+    placement_lib.warm_up(self._placements[self.slices], theta_host, host_sharding, self.run,
+                          self.tokens_per_batch // self.run.data.seq_len, self._capture.by_part)
 
   # Rounds -----------------------------------------------------------------------------------------
 
@@ -143,16 +144,18 @@ class Learner:
     if schedule_at is not None:  # the inner schedule follows the run's progress (inner.schedule_progress="run")
       self.state = schedule_to(self.state, np.int32(schedule_at))
     failure, before = "", (self.state, staged.start) if self._keeps_state else None
+    program = self._report_program if kind == "main" and self._capture.by_part else self._round_program
     try:
-      state, metrics = self._round_program(self.state, staged.batches_HxBxT)
+      state, metrics, *report = program(self.state, staged.batches_HxBxT)
     except jax.errors.JaxRuntimeError as error:
       if not armed:
         raise
-      state, metrics, failure = None, None, injection.describe(error)
+      state, metrics, failure, report = None, None, injection.describe(error), []
     part = RoundPart(kind, steps, staged.tokens, now, modeled_seconds, state, metrics, failure,
                      self.parts.queued_seconds(now, modeled_seconds))
     self.parts.push(part, before)
     self.state = state
+    self._capture.hold(state, report)
     self._data.stage_ahead(ahead, self.batch_sharding)
     return part
 
@@ -162,7 +165,7 @@ class Learner:
     part = self.parts[0]
     if part.failure:
       raise injection.RecordedFailure(part.failure)
-    loss_H = np.asarray(jax.device_get(part.metrics["loss"]))
+    loss_H = np.asarray(part.metrics["loss"])
     _, device_seconds, void = self.parts.pop(now)
     busy = part.modeled_seconds if part.modeled_seconds else device_seconds
     self.book.collected(part.steps, part.tokens, busy, len(self.slices), float(loss_H.mean()), now, void=void)
@@ -182,9 +185,9 @@ class Learner:
     (that part donates them): θ_m's next fragment copied there (or quantized there); nothing waits."""
     how, self.book.corrupt_next = self.book.corrupt_next, ""
     local = self.fragments.part(self.state.params, 0 if self.fragments.num == 1 else self.fragments.next())
-    self._capture.take(local, how)
-    if self.run.overlap_steps and self.run.outer.receive == "carry":
-      self._at_report = tree_transfer.fresh_copy(local)  # the next round donates the state's buffers
+    copied = self._capture.take(local, how, self.state)
+    if self.run.overlap_steps and self.run.outer.receive == "carry":  # (the next round donates the state's buffers)
+      self._at_report = copied if copied is not None else tree_transfer.fresh_copy(local)
 
   def report(self, now: float) -> Report:
     """θ_m (its next fragment's tensors, on its slice: the merge worker copies them to the host) and what it was
@@ -249,7 +252,7 @@ class Learner:
       self.reset(delivery.params, delivery.version, now)
       return written_off
     placed = delivery.placed
-    theta = (placed[1] if placed and placed[0] == self.param_sharding  # the merge worker laid it out already
+    theta = (placed[1] if placed and placed[0] is self.param_sharding  # the merge worker laid it out already
              else tree_transfer.copy_to(theta_host, self.param_sharding))
     if self.uplink:  # a lost report's residual goes with its work
       self.uplink.start(theta, keep_residual=delivery.rewind_to is None)
@@ -346,10 +349,6 @@ class Learner:
     self.reset(theta_host, version, now)
 
   # Status and checkpoint -------------------------------------------------------------------------
-
-  def busy_fraction(self, now: float) -> float:
-    """Share of its active span spent training (see `LearnerBook.busy_fraction`)."""
-    return self.book.busy_fraction(now)
 
   def set_status(self, status: str, now: float) -> None:
     """Moves to `status`, closing the timeline interval of the previous one."""

@@ -28,13 +28,14 @@ PyTree = Any
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-  """A learner's mesh over `slices`, the shardings of its parameters and batches, and its two programs there."""
+  """A learner's mesh over `slices`, the shardings of its parameters and batches, and its programs there."""
 
   slices: tuple[int, ...]
   mesh: Mesh
   param_sharding: PyTree
   batch_sharding: NamedSharding
   round_program: Callable
+  report_program: Callable  # the round program that also returns a copy of its final parameters (the report's)
   init: Callable
   keeps_state: bool  # the round program leaves its input state intact (the state before a part survives it)
 
@@ -53,9 +54,11 @@ def place(learner: int, slices: tuple[int, ...], groups: Sequence[Sequence[jax.D
     mesh, batch_axes = devices_lib.learner_mesh(groups), ("slice", "data")
   hook = injection.device_check(injector, learner, mesh) if injector else None
   keep = keeps_state(run)
+  donate = () if keep else 0
   return Placement(slices, mesh, lm.param_shardings(run.model, mesh, run.fsdp),
                    NamedSharding(mesh, P(None, batch_axes)),
-                   jax.jit(make_round(run.model, tx, hook), donate_argnums=() if keep else 0),
+                   jax.jit(make_round(run.model, tx, hook), donate_argnums=donate),
+                   jax.jit(make_round(run.model, tx, hook, copy_params=True), donate_argnums=donate),
                    jax.jit(lambda p, step: init_state(p, tx, step)), keep)
 
 
@@ -64,16 +67,19 @@ def moved(tree: PyTree, mesh: Mesh) -> PyTree:
   return jax.device_put(tree, jax.tree.map(lambda x: NamedSharding(mesh, x.sharding.spec), tree))
 
 
-def warm_up(where: Placement, theta_host: PyTree, host_sharding: jax.sharding.Sharding, part_steps: Sequence[int],
-            batch_shape: tuple[int, int]) -> None:
+def warm_up(where: Placement, theta_host: PyTree, host_sharding: jax.sharding.Sharding, run: RunConfig,
+            batch_size: int, main_copies_report: bool) -> None:
   """Compiles the programs a learner runs there by running each once on a throwaway state and zero batches of
-  `batch_shape`: its round of each part length, a report's copy to the host, Θ's copy onto the slices and the
-  adoption. Under the real clock a part dispatched before would make the device idle while its program compiles."""
+  `batch_size` sequences: the round of its main part (copying the report, if `main_copies_report`) and of its
+  overlap part, a report's copy to the host, Θ's copy onto the slices and the adoption. Under the real clock a part
+  dispatched before would make the device idle while its program compiles."""
   params = tree_transfer.copy_to(theta_host, where.param_sharding)
   state = where.init(params, 0)
-  for steps in sorted(set(part_steps)):
-    state, _ = where.round_program(state, jax.device_put(np.zeros((steps, *batch_shape), np.int32),
-                                                         where.batch_sharding))
+  tau = run.overlap_steps
+  for steps, copies in sorted({(run.round_steps - tau, main_copies_report), *([(tau, False)] if tau else [])}):
+    program = where.report_program if copies else where.round_program
+    batches = np.zeros((steps, batch_size, run.data.seq_len + 1), np.int32)
+    state = program(state, jax.device_put(batches, where.batch_sharding))[0]
   landed = tree_transfer.copy_to(tree_transfer.fresh_copy(state.params), host_sharding)
   adopted = receive_lib.carry(tree_transfer.copy_to(theta_host, where.param_sharding), state.params,
                               tree_transfer.fresh_copy(state.params))

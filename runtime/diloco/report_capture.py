@@ -1,9 +1,11 @@
 """A learner's report taken on its slice before the part after it is enqueued, and sent when its part has finished.
 
 The part that ends in a report and the part queued behind it share the state, which the second donates: the
-report's tensors are taken first, as a fresh copy on the slice (or quantized there under compression). Nothing
-waits: the merge worker copies them to the host, and a compressed report's payload is packed only when its part has
-finished. A checkpoint taken in between keeps them.
+report's tensors are taken first, as a fresh copy on the slice (or quantized there under compression). A main part
+makes that copy itself where it can (a whole report, uncompressed): the copy is held with the state the part ended
+in, and taken only while the learner's state is still that one. Nothing waits: the merge worker copies them to the
+host, and a compressed report's payload is packed only when its part has finished. A checkpoint taken in between
+keeps them (a held copy it leaves out: the restored learner copies the report itself).
 """
 
 from typing import Any
@@ -20,17 +22,27 @@ PyTree = Any
 class ReportCapture:
   """At most one report taken and not yet sent: its fault injection, its tensors or its quantized parts."""
 
-  def __init__(self, uplink: Uplink | None):
+  def __init__(self, uplink: Uplink | None, fragments: int):
     self._uplink = uplink
+    self.by_part = uplink is None and fragments == 1  # a main part copies the report (whole, uncompressed) itself
     self._taken: tuple[str, PyTree, Any] | None = None  # (corruption, params, quantized parts or payload)
+    self._held: tuple[Any, PyTree] | None = None  # (the state a main part ended in, its copy of their parameters)
 
-  def take(self, local: PyTree, corrupt: str) -> None:
-    """Enqueues the copy (or the quantizing) of θ_m's tensors `local`; `corrupt` injects a fault into them."""
+  def hold(self, state: Any, copied: list[PyTree]) -> None:
+    """The part just enqueued ends in `state`; `copied`: its own copy of their parameters, if it made one (the
+    report's tensors, if taken from that state)."""
+    self._held = (state, copied[0]) if copied else None
+
+  def take(self, local: PyTree, corrupt: str, state: Any = None) -> PyTree | None:
+    """Enqueues the copy (or the quantizing) of θ_m's tensors `local` of `state`, or takes the copy its part made;
+    `corrupt` injects a fault into them. Returns the clean copy (None if quantized), which nothing donates."""
+    held, self._held = self._held, None
     parts = self._uplink.quantize(local, corrupt) if self._uplink else None
-    params = None if parts is not None else tree_transfer.fresh_copy(local)
-    if corrupt and parts is None:
-      params = injection.corrupt(params, corrupt)
-    self._taken = (corrupt, params, parts)
+    clean = None
+    if parts is None:
+      clean = held[1] if held is not None and held[0] is state else tree_transfer.fresh_copy(local)
+    self._taken = (corrupt, injection.corrupt(clean, corrupt) if corrupt and clean is not None else clean, parts)
+    return clean
 
   @property
   def taken(self) -> bool:
@@ -43,7 +55,7 @@ class ReportCapture:
     return params, self._payload(parts, corrupt)
 
   def drop(self) -> None:
-    self._taken = None
+    self._taken = self._held = None
 
   def _payload(self, parts: Any, corrupt: str) -> Payload | None:
     return parts if parts is None or isinstance(parts, Payload) else self._uplink.pack(parts, corrupt)

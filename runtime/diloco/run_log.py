@@ -66,8 +66,8 @@ class RunLog:
         lr=list(lrs),
         num_merged=len(result.merged), quarantined=[m for m, _ in result.quarantined],
         staleness=list(result.staleness), weights=list(result.weights), update_norm=result.update_norm,
-        busy=[l.busy_fraction(now) for l in learners], bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down,
-        grace=grace, quorum=quorum, goodput=goodput,
+        busy=[l.book.busy_fraction(now) for l in learners], bytes_up=self.links.bytes_up,
+        bytes_down=self.links.bytes_down, grace=grace, quorum=quorum, goodput=goodput,
         alive=sum(l.status not in (DOWN, FAILED, ABSENT) for l in learners))
     if self.run.fragments > 1:  # (recorded runs, of one fragment, keep their records)
       record.update(fragment=result.fragment)
@@ -133,7 +133,7 @@ class RunLog:
     """The run's summary row and the per-learner details behind it."""
     now = max(now, 1e-9)
     present = [l for l in learners if l.completions or any(i[3] != ABSENT for i in l.intervals)]  # lent: if ever
-    busy = [l.busy_fraction(now) for l in present]
+    busy = [l.book.busy_fraction(now) for l in present]
     idle = [x for x in (l.device_idle() for l in present) if not math.isnan(x)] or [math.nan]
     merged_counts = [m["num_merged"] for m in self.merges if m["num_merged"]]
     intervals = [i for l in learners for i in l.intervals]

@@ -66,12 +66,17 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
 
 
 def make_round(cfg: ModelConfig, tx: optax.GradientTransformation,
-               step_hook: Callable[[jax.Array], jax.Array] | None = None) -> Callable:
-  """(state, batches_HxBxT) -> (state, {loss_H, grad_norm_H}): H inner steps as one device program."""
+               step_hook: Callable[[jax.Array], jax.Array] | None = None, copy_params: bool = False) -> Callable:
+  """(state, batches_HxBxT) -> (state, {loss_H, grad_norm_H}): H inner steps as one device program.
+
+  With `copy_params` it also returns a copy of the final parameters that shares no buffer with the state: a report
+  taken inside the part that ends in it, so that the part queued behind may donate the state.
+  """
   train_step = make_train_step(cfg, tx, step_hook)
 
-  def run_round(state: TrainState, batches_HxBxT: jax.Array) -> tuple[TrainState, dict]:
-    return jax.lax.scan(train_step, state, batches_HxBxT)
+  def run_round(state: TrainState, batches_HxBxT: jax.Array) -> tuple:
+    state, metrics = jax.lax.scan(train_step, state, batches_HxBxT)
+    return (state, metrics, jax.tree.map(jnp.copy, state.params)) if copy_params else (state, metrics)
 
   return run_round
 

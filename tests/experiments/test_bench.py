@@ -62,6 +62,7 @@ def test_startup_bench_warm_cache_compiles_nothing_and_ends_in_the_same_theta(ti
   assert warm["Θ digest"] == cold["Θ digest"]
   for r in rows:
     assert 0 < r["ctrl CPU ms/round"] < math.inf and 0 < r["JAX share"] <= 1 and r["timed rounds"] == 2
+    assert 0 < r["enqueue ms/round"] < r["ctrl CPU ms/round"]
   out = capsys.readouterr().out
   rows_printed = [line.split()[:4] for line in out.splitlines() if line.startswith("  2 ")]
   assert rows_printed.count(["2", "2", "plain", "warm"]) == 2  # as measured, and in the final table

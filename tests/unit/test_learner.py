@@ -182,3 +182,34 @@ def test_a_snapshot_restores_into_a_fresh_learner_its_book_state_and_part_in_fli
     assert fresh.device == learner.device and fresh.device.parts == 2
   finally:
     fresh.close()
+
+
+def test_a_main_part_copies_its_report_itself_so_the_part_behind_it_may_donate_the_state(setup, monkeypatch):
+  """No copy program is enqueued for a whole report: the main part returns the copy, in its own buffers."""
+  from runtime.diloco import report_capture  # pylint: disable=g-import-not-at-top
+  copies = []
+  monkeypatch.setattr(report_capture.tree_transfer, "fresh_copy", lambda t: copies.append(t) or jax.tree.map(
+      lambda x: x.copy(), t))
+  _, learner, _, _, _ = setup
+  learner.dispatch("main", 2, 0.0, 2.0)
+  final = jax.device_get(learner.state.params)
+  learner.capture_report()
+  learner.dispatch("overlap", 1, 2.0, 1.0)  # donates the main part's state
+  learner.collect(2.0), learner.collect(3.0)
+  report = learner.report(3.0)
+  assert not copies
+  _trees_equal(report.params, final)
+  assert not jax.tree.leaves(report.params)[0].is_deleted()
+
+
+def test_a_report_taken_from_another_state_than_the_main_part_ended_in_is_copied_from_that_state(setup, monkeypatch):
+  from runtime.diloco import report_capture  # pylint: disable=g-import-not-at-top
+  copies = []
+  monkeypatch.setattr(report_capture.tree_transfer, "fresh_copy", lambda t: copies.append(t) or jax.tree.map(
+      lambda x: x.copy(), t))
+  _, learner, _, _, _ = setup
+  _part(learner, "main", 2, 0.0)
+  learner.state = learner.state.replace(params=jax.tree.map(lambda x: x + 1, learner.state.params))
+  report = learner.report(2.0)
+  assert len(copies) == 1
+  _trees_equal(report.params, learner.state.params)
