@@ -17,3 +17,9 @@ class ModelConfig:
   positions: str = "rotary"  # "rotary" | "learned"
   dtype: str = "float32"  # activation dtype; parameters stay float32
   vocab_size: int = VOCAB_SIZE
+
+  def num_tensors(self) -> int:
+    """The parameter tensors of models/transformer.py: per block two layer norms (scale, bias), query, key, value
+    and output projections, and the MLP's two layers (kernel, bias); then the embedding, the final layer norm and,
+    with learned positions, their table."""
+    return 12 * self.num_layers + 3 + (self.positions == "learned")

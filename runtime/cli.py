@@ -3,13 +3,15 @@
 Every launcher calls `run(main)` instead of `absl.app.run(main)` and `launch(...)` inside `main`. What the user
 typed is checked before JAX or the corpus is touched: the config file, each `--config.FIELD` override (with a
 suggestion for a misspelled one), the whole typed config, and the workdir. A usage or config error prints one
-line and exits with status 2; a run that diverged exits with status 1; anything else is a bug and keeps its
-traceback.
+line and exits with status 2; a run that diverged, or that a full disk or an unwritable path stopped, exits with
+status 1; a run stopped by SIGTERM or SIGINT (runtime/train/preemption.py) exits with 143 or 130, one line each;
+anything else is a bug and keeps its traceback. Libraries' INFO logging is off unless --verbosity is given.
 """
 
 import contextlib
 import ctypes
 import difflib
+import logging
 import importlib
 import importlib.util
 import os
@@ -20,12 +22,15 @@ from typing import Any, Callable, Iterator, Sequence
 
 import ml_collections
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 import configs
 from runtime.config import docs as config_docs
 from runtime.config.run import MOVED, QUIET_FIELDS, from_config_dict
 from runtime.errors import ConfigError, DataError, TrainingDiverged, UsageError
+from runtime.train import preemption
+from runtime.checkpoint import storage
 
 USAGE_EXIT = 2
 CONFIGS_DIR = pathlib.Path(configs.__file__).resolve().parent
@@ -197,8 +202,47 @@ def _module_name(program: str) -> str:
 
 
 def run(main: Callable[[list[str]], None]) -> None:
-  """`absl.app.run(main)` with this module's flag parsing."""
-  app.run(main, flags_parser=parse_flags)
+  """`absl.app.run(main)` with this module's flag parsing, and libraries' INFO logging off (see `quiet_libraries`)."""
+
+  def quiet_main(argv: list[str]) -> None:
+    quiet_libraries()
+    main(argv)
+
+  app.run(quiet_main, flags_parser=parse_flags)
+
+
+class _OwnInfoOnly(logging.Filter):
+  """Lets through warnings and errors, and the INFO lines of this repository's own modules; a library's report of a
+  storage error is dropped (the run ends with one line naming it)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.pathname.startswith(_REPO_PREFIX):
+      return True
+    if record.exc_info and record.exc_info[1] is not None and storage.os_error_in(record.exc_info[1]):
+      return False
+    return record.levelno >= logging.WARNING
+
+
+_REPO_PREFIX = str(CONFIGS_DIR.parent) + os.sep
+
+
+def quiet_libraries() -> None:
+  """Libraries' INFO logging (orbax's, per save and restore) is dropped unless --verbosity was given: a run
+  prints its own lines, and the progress bar the rest."""
+  handler = absl_logging.get_absl_handler()
+  if sys.unraisablehook is sys.__unraisablehook__:
+    sys.unraisablehook = _unraisable
+  if "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present:
+    return
+  if not any(isinstance(f, _OwnInfoOnly) for f in handler.filters):
+    handler.addFilter(_OwnInfoOnly())
+
+
+def _unraisable(unraisable: Any) -> None:
+  """After a failed save, TensorStore's callbacks into orbax's closed event loop fail by the hundred ("Event loop is
+  closed", each an ignored exception with its traceback): those are dropped; every other one is shown."""
+  if not (isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"):
+    sys.__unraisablehook__(unraisable)
 
 
 def keep_freed_memory() -> None:
@@ -274,13 +318,22 @@ def choices(flag: str, values: Sequence[str], allowed: Sequence[str]) -> list[st
 
 
 def guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-  """`fn(*args, **kwargs)`; a config, data or usage error exits 2 and a diverged run exits 1, each with one line."""
+  """`fn(*args, **kwargs)`; a config, data or usage error exits 2, a diverged run or a storage error exits 1, and a
+  run stopped by a signal exits 128 + its number, each with one line."""
   try:
     return fn(*args, **kwargs)
   except (ConfigError, DataError, UsageError) as error:
     fail(error)
   except TrainingDiverged as error:
     sys.exit(f"error: {error}")
+  except preemption.Interrupted as error:
+    print(error, file=sys.stderr, flush=True)
+    sys.exit(error.exit_code)
+  except Exception as error:  # pylint: disable=broad-except
+    cause = storage.os_error_in(error)  # a full disk, an unwritable path (maybe wrapped by orbax): one line, exit 1
+    if cause is None:
+      raise
+    raise storage.StorageFailure(f"error: {storage.describe(cause)}") from None
 
 
 def launch(job: str, config: ml_collections.ConfigDict, workdir: str | None, *args: Any, **kwargs: Any) -> Any:
@@ -292,4 +345,10 @@ def launch(job: str, config: ml_collections.ConfigDict, workdir: str | None, *ar
     module, _, function = job.partition(":")
     return getattr(importlib.import_module(module), function)(config, workdir, *args, **kwargs)
 
-  return guarded(validated_job)
+  with preemption.handling():
+    try:
+      return guarded(validated_job)
+    except storage.StorageFailure as failure:
+      print(failure.code, file=sys.stderr, flush=True)
+      sys.stdout.flush()
+      os._exit(1)  # pylint: disable=protected-access  # (libraries' exit hooks would write into the full disk)

@@ -16,6 +16,7 @@ from runtime.config.run import RunConfig
 from runtime.train.harness import Experiment, RunResult, Stopwatch, host, make_logger, run_time_kind
 from runtime.network import allreduce
 from runtime.periodic import due
+from runtime.train import preemption
 from runtime.train.optim import inner_lr, inner_optimizer
 from runtime.train.programs import init_state, make_train_step
 
@@ -51,28 +52,38 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
       eval_loss = meta["eval_loss"]
       logging.info("dp: resumed from %s at step %d", checkpoints.directory / str(start), start)
   resume_after = start * run.tokens_per_step if checkpoints is not None and run.resume else None
-  with make_logger(run, workdir, name, resume_after=resume_after) as logger, stream:
-    # The host waits for step t-1 after dispatching step t: the device never idles, and at most two
-    # steps are in flight (a deep queue of multi-device programs can stall XLA:CPU's rendezvous).
-    pending = None
-    for step in range(start + 1, run.total_steps + 1):
-      state, metrics = step_fn(state, next(stream))
+  try:
+    with make_logger(run, workdir, name, resume_after=resume_after) as logger, stream:
+      # The host waits for step t-1 after dispatching step t: the device never idles, and at most two
+      # steps are in flight (a deep queue of multi-device programs can stall XLA:CPU's rendezvous).
+      pending, saved_at = None, start
+      for step in range(start + 1, run.total_steps + 1):
+        if preemption.requested():  # a signal asked the run to stop: step - 1 is the step in progress
+          if pending is not None:
+            _finish_step(logger, run, *pending, clock, wall, lr)
+          _stop(run, checkpoints, step - 1, saved_at, lambda: (state, dict(data=stream.state(), eval_loss=eval_loss)))
+        state, metrics = step_fn(state, next(stream))
+        if pending is not None:
+          _finish_step(logger, run, *pending, clock, wall, lr)
+        pending = (step, metrics)
+        if due(step, run.eval_every, run.total_steps):
+          eval_loss = exp.evaluate(state.params, mesh)
+          logger.log("eval", dict(step=step, tokens=step * run.tokens_per_step, time=clock(step), eval_loss=eval_loss))
+        if checkpoints is not None and due(step, run.checkpoint_every, run.total_steps):
+          _finish_step(logger, run, *pending, clock, wall, lr)  # its record precedes the checkpoint
+          pending = None
+          checkpoints.save(step, state, dict(data=stream.state(), eval_loss=eval_loss))
+          saved_at = step
       if pending is not None:
         _finish_step(logger, run, *pending, clock, wall, lr)
-      pending = (step, metrics)
-      if due(step, run.eval_every, run.total_steps):
-        eval_loss = exp.evaluate(state.params, mesh)
-        logger.log("eval", dict(step=step, tokens=step * run.tokens_per_step, time=clock(step), eval_loss=eval_loss))
-      if checkpoints is not None and due(step, run.checkpoint_every, run.total_steps):
-        _finish_step(logger, run, *pending, clock, wall, lr)  # its record precedes the checkpoint
-        pending = None
-        checkpoints.save(step, state, dict(data=stream.state(), eval_loss=eval_loss))
-    if pending is not None:
-      _finish_step(logger, run, *pending, clock, wall, lr)
+      if checkpoints is not None:
+        checkpoints.close()
+      wall_s = wall()
+      records = logger.records
+  except BaseException:
     if checkpoints is not None:
-      checkpoints.close()
-    wall_s = wall()
-    records = logger.records
+      checkpoints.close(quiet=True)  # the saves begun finish (an unfinished one is removed); the error stays
+    raise
   tokens = run.total_steps * run.tokens_per_step
   virtual = clock(run.total_steps) if run.clock.kind == "virtual" else float("nan")
   return RunResult(run=name, mode="dp", tokens=tokens, final_eval_loss=eval_loss, wall_seconds=wall_s,
@@ -80,6 +91,20 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
                    params=jax.device_get(state.params), time_kind=run_time_kind(run),
                    extras=dict(busy_mean=compute_s / step_s,
                                **allreduce.dp_traffic(comm, run.tokens_per_step, num_bytes, run.learners)))
+
+
+def _stop(run: RunConfig, checkpoints: Checkpoints | None, step: int, saved_at: int,
+          to_save: Callable[[], tuple]) -> None:
+  """Saves `step` (unless its checkpoint exists), waits until it is committed, and raises Interrupted."""
+  saved = None
+  if checkpoints is not None:
+    saved = f"checkpoint {step} kept" if step > 0 else "nothing was trained yet"
+    if step > saved_at:
+      checkpoints.save(step, *to_save())
+      saved = f"checkpoint {step} saved"
+    checkpoints.close()
+  where = f"step {step} ({step * run.tokens_per_step:,} tokens)"
+  raise preemption.Interrupted(preemption.stop_message(where, saved), preemption.requested())
 
 
 def _finish_step(logger, run: RunConfig, step: int, metrics: dict, clock: Callable[[int], float],

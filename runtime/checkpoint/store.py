@@ -5,7 +5,8 @@ committed by orbax's atomic rename, so a save interrupted by a kill never appear
 each checkpoint gets `digest.sha256` (a SHA-256 over its files, computed off the caller's thread). Restoring takes
 the newest checkpoint whose digest matches its files and that loads; one without a digest (the run stopped before
 it was verified), with a mismatch (truncated or overwritten files) or that fails to load is skipped with a warning
-naming it, and the one before is tried.
+naming it, and the one before is tried. If checkpoints exist and none is sound, nothing is restored and nothing moved:
+the run is refused (a fresh start must be asked for, with resume=False), never silently begun again from step 0.
 
 `save` copies the arrays on the caller's thread (orbax's blocking part); `save_async` hands a function that gathers
 the arrays and metadata to a saver thread, so the caller waits for nothing unless the previous save is still
@@ -15,11 +16,15 @@ gathering (then it waits for it: no save is ever skipped).
 import concurrent.futures
 import hashlib
 import pathlib
+import shutil
 import time
 from typing import Any, Callable
 
 import orbax.checkpoint as ocp
 from absl import logging
+
+from runtime.checkpoint import storage
+from runtime.errors import DataError
 
 DIGEST = "digest.sha256"
 PyTree = Any
@@ -68,6 +73,7 @@ class Checkpoints:
     self._digests: list[concurrent.futures.Future] = []
     self._unverified: list[int] = []
     self.blocking_seconds: list[float] = []  # per save: how long the caller waited
+    self._closed = False
 
   def save(self, step: int, state: PyTree, meta: dict) -> None:
     """Starts saving `state` (arrays) and `meta` (JSON) as checkpoint `step`; returns once the arrays are copied."""
@@ -122,17 +128,30 @@ class Checkpoints:
       digest.result()
 
   def close(self, quiet: bool = False) -> None:
-    """Waits for the saves in progress and verifies them; `quiet` (closing after a failure) logs their errors."""
+    """Waits for the saves in progress and verifies them; `quiet` (closing after a failure) logs their errors. Once
+    closed, closing again does nothing."""
+    if self._closed:
+      return
+    self._closed = True
     try:
       self.flush()
     except Exception as error:  # pylint: disable=broad-except
       if not quiet:
         raise
-      logging.error("checkpoints under %s: a save failed while the run was failing: %s", self.directory, error)
+      if storage.os_error_in(error) is None:  # (a storage error is the run's own, reported once)
+        logging.error("checkpoints under %s: a save failed while the run was failing: %s", self.directory, error)
     finally:
-      self._saver.shutdown(wait=True)
-      self._verifier.shutdown(wait=True)
-      self._manager.close()
+      try:
+        self._saver.shutdown(wait=True)
+        self._verifier.shutdown(wait=True)
+        self._manager.close()
+      except Exception:  # pylint: disable=broad-except
+        if not quiet:
+          raise
+      finally:
+        if quiet:  # a save the failure interrupted leaves its temporary directory: never a checkpoint, removed
+          for unfinished in self.directory.glob("*.orbax-checkpoint-tmp*"):
+            shutil.rmtree(unfinished, ignore_errors=True)
 
   def steps(self) -> list[int]:
     """The committed checkpoints, newest first."""
@@ -149,13 +168,14 @@ class Checkpoints:
     return None
 
   def restore_latest(self, like: PyTree | Callable[[dict], PyTree]) -> tuple[int, PyTree, dict] | None:
-    """(step, state, meta) of the newest sound checkpoint, or None if none is.
+    """(step, state, meta) of the newest sound checkpoint, or None if there is none; DataError listing each one
+    and why it was rejected if there are checkpoints and none is sound.
 
     The state is shaped and sharded like `like`, or like `like(meta)` (numpy arrays restore as numpy arrays).
     Skipped checkpoints are moved aside to `<directory>.skipped/` (kept, not deleted), so that the resumed run
     saves those steps afresh.
     """
-    skipped, found = [], None
+    skipped, found, why = [], None, []
     for step in self.steps():
       problem = self.problem(step)
       if problem is None:
@@ -169,6 +189,10 @@ class Checkpoints:
           problem = f"it failed to load ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
       logging.warning("checkpoint %s is skipped: %s; trying the one before", self.directory / str(step), problem)
       skipped.append(step)
+      why.append(f"{step} ({problem})")
+    if skipped and found is None:
+      raise DataError(f"no sound checkpoint under {self.directory}: " + "; ".join(why) + "; nothing was restored "
+                      "or changed; to start this run afresh deliberately, run with --config.resume=False")
     if skipped:
       aside = self.directory.with_name(self.directory.name + ".skipped")
       aside.mkdir(exist_ok=True)

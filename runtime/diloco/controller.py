@@ -40,6 +40,7 @@ from runtime.network.links import Links
 from runtime.train.harness import Experiment, RunResult, make_logger
 from runtime.faults import injection
 from runtime.faults.plan import timed_events
+from runtime.train import preemption
 from runtime.train.optim import inner_optimizer
 from runtime.train.programs import init_state
 from runtime.wire.codecs import Codec
@@ -172,6 +173,8 @@ class Controller:
       for learner in starting:
         self.rounds.start_round(learner)
     while self._work_scheduled() or self.syncer.pending:
+      if preemption.requested():
+        self._stop(preemption.requested())
       if not self._work_scheduled():
         self.merges.schedule(0.0)  # the budget is spent: merge what is left, quorum or not
       self.event_time, event = self.clock.next_event()  # (real clock: when it happened, maybe before now)
@@ -179,6 +182,12 @@ class Controller:
       with annotate(f"controller/{kind.value}"):
         self._handlers[kind](event)
       self.profile.observe(self.learners)
+
+  def _stop(self, signum: int) -> None:
+    """A signal asked the run to stop: its state as it stands is saved (if checkpoints are on), and it stops."""
+    saved = self.durability.save_now()
+    where = f"merge {self.durability.merges_done} ({self.log.tokens_merged:,} tokens merged)"
+    raise preemption.Interrupted(preemption.stop_message(where, saved), signum)
 
   def _work_scheduled(self) -> bool:
     """True while a learner, a report or a merge is still on its way (fault timers don't count).

@@ -49,12 +49,25 @@ class Durability:
     self._schedule = SinceLast(run.checkpoint_every, run.checkpoint_seconds)  # from the last checkpoint
     self.finished = False  # restored from the checkpoint a finished run saved last
     self.saves: list[tuple[float, float, bool]] = []  # per checkpoint: (clock time, seconds held up, final)
+    self._saved_at = -1  # the merge of the newest checkpoint saved or restored
 
   def merged(self) -> None:
     """A merge was handled: it is counted, and a checkpoint saved if one is due."""
     self.merges_done += 1
     if self._due():
       self.save(self.merges_done)
+
+  def save_now(self) -> str | None:
+    """A stop was asked for (runtime/train/preemption.py): the state as it stands saved at once, committed and
+    verified, unless the newest checkpoint is of this very merge; what was kept, or None without checkpoints."""
+    if self.checkpoints is None:
+      return None
+    fresh = self._saved_at != self.merges_done
+    if fresh:
+      self.save(self.merges_done)
+    self.checkpoints.flush()
+    return (f"checkpoint {self.merges_done} saved" if fresh else
+            f"checkpoint {self.merges_done} (saved at that merge) kept; the work since is done again")
 
   def finish(self) -> None:
     """The run ended: a final checkpoint (unless it was restored from one), and every save finished."""
@@ -96,6 +109,9 @@ class Durability:
       return arrays, dict(meta, failed=failed, arrays=shapes)
 
     self.checkpoints.save_async(step, gather)
+    self._saved_at = self.merges_done
+    if not self._run.progress:
+      logging.info("%s: checkpoint %d saving (%s)", self._name, step, self.checkpoints.directory)
     self._schedule.done(self.merges_done, self._clock.now())
     self.saves.append((self._clock.now(), time.perf_counter() - start, self.finished))
 
@@ -136,6 +152,7 @@ class Durability:
     self._merges.restore(meta)
     self._rounds.restore(meta)
     self.merges_done, self.finished = meta["merges_done"], meta["finished"]
+    self._saved_at = self.merges_done
     self._schedule.done(self.merges_done, self._clock.now())
     logging.info("%s: resumed from %s (merge %d, %d tokens merged)", self._name,
                  self.checkpoints.directory / str(step), self.merges_done, meta["log"]["tokens_merged"])

@@ -64,6 +64,9 @@ def validate(run: Any) -> None:
   check(run.inner_steps % p == 0, "fragments", p, f"a divisor of inner_steps ({run.inner_steps})")
   if p == 1:
     return
+  tensors = run.model.num_tensors()
+  check(p <= tensors, "fragments", p, f"at most the model's {tensors} parameter tensors (a fragment holds whole "
+        "tensors, packed by size: fragments need not hold equally many, and none may be empty)")
   check(run.overlap_steps < run.inner_steps // p, "overlap_steps", run.overlap_steps,
         f"0 <= overlap_steps < inner_steps / fragments ({run.inner_steps} / {p}) while fragments > 1")
   unsupported = [

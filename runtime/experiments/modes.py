@@ -11,6 +11,7 @@ from absl import logging
 from runtime.cluster import devices as devices_lib
 from runtime.cluster import multislice
 from runtime.reporting import provenance
+from runtime.reporting import run_lock
 from runtime.reporting import summary
 from runtime.config.run import CHECKPOINT_MODES, RunConfig, from_config_dict, with_mode
 from runtime.train.harness import Experiment, RunResult, finish
@@ -27,10 +28,18 @@ def prepare(config: ml_collections.ConfigDict) -> RunConfig:
 
 def train_one(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str) -> RunResult:
   """Trains one run in the mode its config names, in `workdir/name` (see provenance.claim); run.json first."""
-  if workdir is not None:
-    resumable = run.mode in CHECKPOINT_MODES and (run.checkpoint_every > 0 or run.checkpoint_seconds > 0)
-    name = provenance.claim(workdir, name, run, resumable=resumable)
+  if workdir is None:
+    return _train_in(run, exp, workdir, name)
+  resumable = run.mode in CHECKPOINT_MODES and (run.checkpoint_every > 0 or run.checkpoint_seconds > 0)
+  name, lock = provenance.claim(workdir, name, run, resumable=resumable)
+  try:
     provenance.write(run, pathlib.Path(workdir) / name, name)
+    return _train_in(run, exp, workdir, name)
+  finally:
+    lock.release()
+
+
+def _train_in(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str) -> RunResult:
   if run.mode == "dp":
     from runtime.baselines.dp import train_dp  # pylint: disable=g-import-not-at-top
     return train_dp(run, exp, workdir, name)
@@ -43,11 +52,15 @@ def train_one(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None
 
 def _report(results: list[RunResult], workdir: str | os.PathLike | None, title: str) -> None:
   """Prints the summary table and where every output went; writes results.json last."""
-  print(finish(results, workdir, title=title))
-  if workdir is not None:
-    out = pathlib.Path(workdir)
-    (out / summary.RESULTS_FILE).write_text(json.dumps([r.row() for r in results], indent=2, allow_nan=True) + "\n")
-    print(outputs(results, out))
+  if workdir is None:
+    print(finish(results, workdir, title=title))
+    return
+  out = pathlib.Path(workdir)
+  with run_lock.outputs_of(out):  # the set of files describes this invocation's runs, whoever writes last
+    print(finish(results, workdir, title=title))
+    rows = json.dumps([r.row() for r in results], indent=2, allow_nan=True) + "\n"
+    run_lock.write_atomically(out / summary.RESULTS_FILE, lambda tmp: tmp.write_text(rows))
+  print(outputs(results, out))
 
 
 def outputs(results: list[RunResult], workdir: pathlib.Path) -> str:

@@ -7,6 +7,7 @@ as INTERNAL). A program bug is injected at dispatch, as the INVALID_ARGUMENT err
 raises there, every time: it is no lost slice.
 """
 
+import logging
 from typing import Any, Sequence
 
 import jax
@@ -25,11 +26,22 @@ class SliceCrash(RuntimeError):
   """Raised inside a learner's device program to fail its slice."""
 
 
+class _InjectedCrashesUnlogged(logging.Filter):
+  """JAX logs every exception of a host callback with its traceback; an injected crash is no bug, and the run
+  reports it in one line of its own."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.exc_info and isinstance(record.exc_info[1], SliceCrash))
+
+
 class Injector:
   """Arms crashes inside device programs: each learner's program fails at its armed inner step; scheduled program
   bugs fail every dispatch of their learner from their time on."""
 
   def __init__(self, num_learners: int, schedule: Sequence[Fault] = ()):
+    callbacks = logging.getLogger("jax._src.callback")
+    if not any(isinstance(f, _InjectedCrashesUnlogged) for f in callbacks.filters):
+      callbacks.addFilter(_InjectedCrashesUnlogged())
     self._armed = [np.iinfo(np.int64).max] * num_learners
     self._schedule = tuple(schedule)
 

@@ -73,11 +73,17 @@ class _JsonlFile:
     self._file = path.open("a" if kept is not None else "w", encoding="utf-8")
 
   def write(self, record: Mapping[str, Value]) -> None:
-    self._file.write(json.dumps(record, allow_nan=True) + "\n")
-    self._file.flush()
+    try:
+      self._file.write(json.dumps(record, allow_nan=True) + "\n")
+      self._file.flush()
+    except OSError as error:  # (a write names no file: the error says which)
+      raise OSError(error.errno, error.strerror, self._file.name) from error
 
   def close(self) -> None:
-    self._file.close()
+    try:
+      self._file.close()
+    except OSError as error:
+      raise OSError(error.errno, error.strerror, self._file.name) from error
 
 
 class _TensorBoard:
@@ -201,11 +207,17 @@ class MetricsLogger:
     return record
 
   def close(self) -> None:
-    """Closes every sink; later calls do nothing."""
-    if not self._closed:
-      for sink in self._sinks:
+    """Closes every sink (each tried, the first error raised after); later calls do nothing."""
+    if self._closed:
+      return
+    self._closed, first = True, None
+    for sink in self._sinks:
+      try:
         sink.close()
-      self._closed = True
+      except Exception as error:  # pylint: disable=broad-except
+        first = first or error
+    if first is not None:
+      raise first
 
   def __enter__(self) -> MetricsLogger:
     return self

@@ -16,6 +16,7 @@ import jax
 
 from runtime.config.run import QUIET_FIELDS, RunConfig
 from runtime.errors import UsageError
+from runtime.reporting.run_lock import RunLock, is_lock_file
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "ml-collections", "absl-py", "numpy",
              "pathwaysutils")
@@ -70,32 +71,37 @@ def _next_free(workdir: pathlib.Path, name: str) -> str:
   return f"{name}.{n}"
 
 
-def claim(workdir: str | os.PathLike, name: str, run: RunConfig, resumable: bool) -> str:
-  """The directory name `run` writes to under `workdir`; nothing there is ever overwritten by another run.
+def claim(workdir: str | os.PathLike, name: str, run: RunConfig, resumable: bool) -> tuple[str, RunLock]:
+  """The directory name `run` writes to under `workdir`, locked for this process (see run_lock); nothing there is
+  ever overwritten by another run.
 
   `name` if it is free, or if it holds this same run and `resumable` (the run resumes from its checkpoints). A
-  different config there is refused, naming the fields that differ. With `resume=False`, or a run that cannot
-  resume, the next free `name.2`, `name.3`, ... is used instead (and said).
+  different config there is refused, naming the fields that differ, and so is a run directory another process
+  holds. With `resume=False`, or a run that cannot resume, the next free `name.2`, `name.3`, ... is used instead
+  (and said).
   """
   workdir = pathlib.Path(workdir)
+  lock = RunLock.take(workdir, name)  # before anything there is read
   run_dir = workdir / name
-  if not run_dir.exists() or not any(run_dir.iterdir()):
-    return name
+  if not any(not is_lock_file(p) for p in run_dir.iterdir()):
+    return name, lock
   record = run_dir / "run.json"
   if run.resume and record.exists():
     old, new = _flat(json.loads(record.read_text())["config"]), _flat(_config_json(run))
     differ = [k for k in sorted(set(old) | set(new)) if k not in QUIET_FIELDS and old.get(k) != new.get(k)]
     if differ:
+      lock.release()
       raise UsageError(f"--workdir={workdir}: run '{name}' there has a different config ("
                        + "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:8])
                        + (f"; and {len(differ) - 8} more" if len(differ) > 8 else "") + "); allowed the same config "
                        "(to resume it), --config.resume=False (a fresh run beside it) or another --workdir")
     if resumable:
-      return name
+      return name, lock
+  lock.release()
   fresh = _next_free(workdir, name)
   why = "resume=False" if not run.resume else f"mode '{run.mode}' without checkpoints cannot resume"
   print(f"{run_dir} holds an earlier run and {why}: this run goes to {workdir / fresh}", flush=True)
-  return fresh
+  return fresh, RunLock.take(workdir, fresh)
 
 
 def write(run: RunConfig, run_dir: str | os.PathLike, name: str) -> pathlib.Path:

@@ -15,6 +15,7 @@ from runtime.data import shards as data_lib
 from runtime.reporting import summary
 from runtime.config.run import RunConfig
 from runtime.reporting.metrics import MetricsLogger
+from runtime.reporting.run_lock import write_atomically
 from runtime.train.programs import make_eval
 
 PyTree = Any
@@ -95,13 +96,14 @@ def finish(results: list[RunResult], workdir: str | os.PathLike | None, title: s
   if workdir is not None:
     out = pathlib.Path(workdir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.txt").write_text(table + "\n")
-    (out / "summary.md").write_text(summary.summary_table([r.row() for r in results], columns, markdown=True) + "\n")
+    markdown = summary.summary_table([r.row() for r in results], columns, markdown=True)
+    write_atomically(out / "summary.txt", lambda tmp: tmp.write_text(table + "\n"))
+    write_atomically(out / "summary.md", lambda tmp: tmp.write_text(markdown + "\n"))
     runs = {r.run: r.records for r in results}
     time_kinds = {r.time_kind for r in results}
     x = ("tokens", "time") if len(time_kinds) == 1 else ("tokens",)  # modeled and wall seconds share no axis
-    summary.plot_curves(runs, out / "loss.png", x=x, kinds=("train", "merge", "eval"), title=title,
-                        time_kind=results[0].time_kind)
+    write_atomically(out / "loss.png", lambda tmp: summary.plot_curves(
+        runs, tmp, x=x, kinds=("train", "merge", "eval"), title=title, time_kind=results[0].time_kind))
   return table
 
 

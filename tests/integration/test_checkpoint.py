@@ -15,6 +15,7 @@ import pytest
 
 from launcher import FAST, REPO, launch
 from runtime.checkpoint.store import DIGEST, Checkpoints
+from runtime.errors import DataError
 from runtime.reporting.metrics import read_jsonl
 
 DP = ["--config=smoke", *FAST, "--config.mode=dp", "--config.total_steps=12", "--config.eval_every=3",
@@ -65,12 +66,35 @@ def test_a_damaged_latest_checkpoint_is_skipped_with_a_warning_naming_it(tmp_pat
   assert (tmp_path.with_name(tmp_path.name + ".skipped") / "3").is_dir()
 
 
-def test_with_no_sound_checkpoint_there_is_nothing_to_restore(tmp_path):
-  assert Checkpoints(tmp_path).restore_latest({"w": jnp.zeros((64,))}) is None
+def test_with_checkpoints_none_of_them_sound_the_restore_is_refused_listing_each_and_nothing_is_moved(tmp_path):
+  assert Checkpoints(tmp_path).restore_latest({"w": jnp.zeros((64,))}) is None  # no checkpoint: a fresh start
   _save_three(tmp_path)
   for step in (1, 2, 3):
     (tmp_path / str(step) / DIGEST).write_text("0" * 64 + "\n")
-  assert Checkpoints(tmp_path).restore_latest({"w": jnp.zeros((64,))}) is None
+  with pytest.raises(DataError) as refused:
+    Checkpoints(tmp_path).restore_latest({"w": jnp.zeros((64,))})
+  message = str(refused.value)
+  assert all(f"{s} (its files do not match their digest" in message for s in (1, 2, 3))
+  assert "--config.resume=False" in message and "\n" not in message
+  assert all((tmp_path / str(s)).is_dir() for s in (1, 2, 3))
+  assert not tmp_path.with_name(tmp_path.name + ".skipped").exists()
+
+
+@pytest.mark.slow  # ~20 s of CI; the refusal itself is tested above, in process
+def test_a_run_whose_checkpoints_are_all_damaged_exits_2_listing_them_and_keeps_its_records(tmp_path):
+  workdir = tmp_path / "w"
+  out = launch("train", *DP, f"--workdir={workdir}", cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  (metrics,) = workdir.glob("*/metrics.jsonl")
+  before = metrics.read_bytes()
+  steps = [p for p in workdir.glob("*/checkpoints/*") if p.is_dir()]
+  for step in steps:
+    (step / DIGEST).write_text("0" * 64 + "\n")
+  out = launch("train", *DP, f"--workdir={workdir}", cwd=tmp_path)
+  assert out.returncode == 2
+  line, = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+  assert all(f"{p.name} (its files do not match" in line for p in steps) and "Traceback" not in out.stderr
+  assert metrics.read_bytes() == before
 
 
 def _records(workdir: pathlib.Path) -> list[dict]:

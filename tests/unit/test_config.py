@@ -169,3 +169,23 @@ def test_a_misspelled_field_gets_a_suggestion():
     config.outer.quorom = 2
   with pytest.raises(ConfigError, match="did you mean 'outer.quorum'"):
     from_config_dict(config)
+
+
+def test_more_fragments_than_the_model_has_tensors_is_refused_naming_both_numbers():
+  config = default.get_config()
+  config.inner_steps = 30
+  config.fragments = 30
+  with pytest.raises(ConfigError, match=r"'fragments' = 30 .*at most the model's 27 parameter tensors"):
+    from_config_dict(config)
+  config.fragments = 15
+  from_config_dict(config)
+
+
+@pytest.mark.parametrize("layers,positions", [(1, "rotary"), (2, "rotary"), (3, "learned")])
+def test_the_models_tensor_count_is_that_of_its_parameter_tree(layers, positions):
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from models import lm  # pylint: disable=g-import-not-at-top
+  from models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  cfg = dataclasses.replace(ModelConfig(), num_layers=layers, positions=positions)
+  assert cfg.num_tensors() == len(jax.tree.leaves(lm.abstract_params(cfg)))

@@ -26,6 +26,8 @@ def test_a_quiet_field_is_not_part_of_a_runs_name():
 def test_a_run_resumes_whatever_its_quiet_fields_are_now(tmp_path):
   run = from_config_dict(smoke.get_config())
   provenance.write(run, tmp_path / "decoupled", "decoupled")
-  assert provenance.claim(tmp_path, "decoupled", dataclasses.replace(run, **_CHANGED), resumable=True) == "decoupled"
+  name, lock = provenance.claim(tmp_path, "decoupled", dataclasses.replace(run, **_CHANGED), resumable=True)
+  assert name == "decoupled"
+  lock.release()
   with pytest.raises(UsageError, match="inner_steps: 10 there, 11 now"):
     provenance.claim(tmp_path, "decoupled", dataclasses.replace(run, inner_steps=11), resumable=True)
