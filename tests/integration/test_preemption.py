@@ -13,7 +13,7 @@ import pytest
 from runtime.diloco import rounds as rounds_lib
 from runtime.experiments import modes
 from runtime.train import preemption
-from test_checkpoint import _start
+from test_checkpoint import _records, _start
 from test_resume import DECOUPLED, _assert_tiles, _final_theta, _metrics, _run_dir
 from test_resume import faulty  # pylint: disable=unused-import  # (the fixture)
 
@@ -107,3 +107,29 @@ def test_twenty_sigkills_and_sigterms_of_a_real_clock_run_lose_nothing_and_merge
     for line in (_run_dir(workdir) / "metrics.jsonl").read_text().splitlines():
       json.loads(line)  # every record whole
   print(f"{kills} kills ({terms} SIGTERM) over {runs} runs")
+
+
+def test_a_sigterm_stops_data_parallel_training_after_its_step_and_it_resumes_bit_identical(tiny_config, tmp_path,
+                                                                                          monkeypatch):
+  from runtime.baselines import dp  # pylint: disable=g-import-not-at-top
+  tiny_config.mode, tiny_config.total_steps, tiny_config.checkpoint_every = "dp", 8, 1000
+  reference = modes.train(tiny_config, tmp_path / "reference")[0]
+  finish_step, steps = dp._finish_step, []  # pylint: disable=protected-access
+
+  def and_signal(logger, run, step, *args):
+    finish_step(logger, run, step, *args)
+    if step == 3 and not steps:
+      steps.append(step)
+      preemption._requested.append(signal.SIGTERM)  # pylint: disable=protected-access
+
+  with monkeypatch.context() as patch:
+    patch.setattr(dp, "_finish_step", and_signal)
+    with pytest.raises(preemption.Interrupted) as stopped:
+      modes.train(tiny_config, tmp_path / "stopped")
+    preemption._requested.clear()  # pylint: disable=protected-access
+  assert re.fullmatch(r"interrupted at step (\d+) \([\d,]+ tokens\); checkpoint \1 saved; run the same command to "
+                      r"resume", str(stopped.value)), str(stopped.value)
+  result = modes.train(tiny_config, tmp_path / "stopped")[0]
+  assert _records(tmp_path / "stopped") == _records(tmp_path / "reference")  # (dp's records have wall seconds)
+  for a, b in zip(jax.tree.leaves(reference.params), jax.tree.leaves(result.params), strict=True):
+    np.testing.assert_array_equal(a, b)
