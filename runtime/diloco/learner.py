@@ -144,7 +144,8 @@ class Learner:
     if schedule_at is not None:  # the inner schedule follows the run's progress (inner.schedule_progress="run")
       self.state = schedule_to(self.state, np.int32(schedule_at))
     failure, before = "", (self.state, staged.start) if self._keeps_state else None
-    program = self._report_program if kind == "main" and self._capture.by_part else self._round_program
+    copies = self._capture.by_part and (kind == "main" or steps == main)  # (one program per part length)
+    program = self._report_program if copies else self._round_program
     try:
       state, metrics, *report = program(self.state, staged.batches_HxBxT)
     except jax.errors.JaxRuntimeError as error:
@@ -155,7 +156,7 @@ class Learner:
                      self.parts.queued_seconds(now, modeled_seconds))
     self.parts.push(part, before)
     self.state = state
-    self._capture.hold(state, report)
+    self._capture.hold(state, report if kind == "main" else [])
     self._data.stage_ahead(ahead, self.batch_sharding)
     return part
 

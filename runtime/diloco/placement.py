@@ -71,12 +71,13 @@ def warm_up(where: Placement, theta_host: PyTree, host_sharding: jax.sharding.Sh
             batch_size: int, main_copies_report: bool) -> None:
   """Compiles the programs a learner runs there by running each once on a throwaway state and zero batches of
   `batch_size` sequences: the round of its main part (copying the report, if `main_copies_report`) and of its
-  overlap part, a report's copy to the host, Θ's copy onto the slices and the adoption. Under the real clock a part
-  dispatched before would make the device idle while its program compiles."""
+  overlap part (the main part's program if as long), a report's copy to the host, Θ's copy onto the slices and the
+  adoption. Under the real clock a part dispatched before would make the device idle while its program compiles."""
   params = tree_transfer.copy_to(theta_host, where.param_sharding)
   state = where.init(params, 0)
-  tau = run.overlap_steps
-  for steps, copies in sorted({(run.round_steps - tau, main_copies_report), *([(tau, False)] if tau else [])}):
+  main, tau = run.round_steps - run.overlap_steps, run.overlap_steps
+  parts = {(main, main_copies_report), *([(tau, main_copies_report and tau == main)] if tau else [])}
+  for steps, copies in sorted(parts):
     program = where.report_program if copies else where.round_program
     batches = np.zeros((steps, batch_size, run.data.seq_len + 1), np.int32)
     state = program(state, jax.device_put(batches, where.batch_sharding))[0]
