@@ -42,9 +42,10 @@ def calm(tiny_config):
   return tiny_config
 
 
+@pytest.mark.slow  # ~22 s (calm) and ~2 min (faulty): over the CI budget; the SIGINT case below stays in it
 @pytest.mark.parametrize("setting,part", [
     ("calm", 5),
-    pytest.param("faulty", 23, marks=pytest.mark.slow),  # crashes, a straggler, a quarantine, a dropped report
+    ("faulty", 23),  # crashes, a straggler, a quarantine, a dropped report
 ])
 def test_a_sigterm_mid_round_saves_at_once_and_the_resumed_run_ends_bit_identical(setting, part, request, tmp_path,
                                                                                 monkeypatch):
@@ -109,6 +110,7 @@ def test_twenty_sigkills_and_sigterms_of_a_real_clock_run_lose_nothing_and_merge
   print(f"{kills} kills ({terms} SIGTERM) over {runs} runs")
 
 
+@pytest.mark.slow  # ~10 s: over the CI budget
 def test_a_sigterm_stops_data_parallel_training_after_its_step_and_it_resumes_bit_identical(tiny_config, tmp_path,
                                                                                           monkeypatch):
   from runtime.baselines import dp  # pylint: disable=g-import-not-at-top
