@@ -293,7 +293,7 @@ class Learner:
     self.parts.clear()
     self._capture.drop()
     failure = Failure(self.slice_index, detail, lost + self.book.unreported_tokens(), self.book.unreported_busy)
-    self.inbox = None
+    self.inbox, self.state = None, None  # its device state is gone with its slice (as a restored learner's is)
     self.set_status(status, now)
     self.slices, self.slice_index = (), -1
     return failure

@@ -213,3 +213,16 @@ def test_a_report_taken_from_another_state_than_the_main_part_ended_in_is_copied
   report = learner.report(2.0)
   assert len(copies) == 1
   _trees_equal(report.params, learner.state.params)
+
+
+def test_a_learner_whose_slice_failed_keeps_no_state_so_the_final_checkpoint_never_reads_donated_buffers(setup):
+  """Regression (real-clock kill soak): a program that fails at dispatch has donated the state; the learner, down at
+  the run's end and then marked done, was saved from those deleted buffers (ValueError, exit 1)."""
+  _, learner, _, theta, _ = setup
+  _part(learner, "main", 2, 0.0)
+  treedefs = dict(params=jax.tree.structure(theta), train=jax.tree.structure(learner.state))
+  jax.tree.map(lambda x: x.delete(), learner.state)  # (what the failing dispatch's donation left)
+  learner.fail(2.0)
+  learner.set_status("done", 9.0)  # the run ended while it was down
+  saved = learner.snapshot(snapshot_lib.Packer((), treedefs))
+  assert learner.state is None and saved["state"] is None
