@@ -93,13 +93,19 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.mlp_dim = ml_collections.config_dict.placeholder(int)
   # Activation dtype: "float32" or "bfloat16" (parameters stay float32).
   config.model.dtype = "float32"
+  # Recompute each block's activations in the backward pass instead of keeping them (less memory, more compute).
+  config.model.remat = False
+  # Token ids (None = from the data: 256 for text read byte-level, a prepared dataset's manifest otherwise).
+  config.model.vocab_size = ml_collections.config_dict.placeholder(int)
 
   config.data = ml_collections.ConfigDict()
-  # "stdlib" (the Python standard library's .py files), or a file, directory or glob of text.
+  # "stdlib" (the Python standard library's .py files), a file, directory or glob of text (read byte-level), or
+  # a directory written by launch.prepare_data (tokenized shards streamed from disk; docs/data.md).
   config.data.path = "stdlib"
-  # Fraction of files held out for evaluation (chosen by a stable hash of each path).
+  # Fraction of files held out for evaluation (chosen by a stable hash of each path); a prepared dataset
+  # has its own evaluation split.
   config.data.eval_fraction = 0.02
-  # Read at most this many bytes of the corpus (None = all).
+  # Read at most this many bytes of the corpus (None = all); of a prepared dataset, of its training tokens.
   config.data.max_bytes = ml_collections.config_dict.placeholder(int)
   # Tokens (bytes) per training sequence.
   config.data.seq_len = 128

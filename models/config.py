@@ -2,7 +2,16 @@
 
 import dataclasses
 
-VOCAB_SIZE = 256  # byte-level
+VOCAB_SIZE = 256  # byte-level; a prepared dataset sets its own (runtime/config/run.py)
+
+
+# Named model sizes (`model.size`); fields set explicitly under `model` override the preset.
+SIZES = {
+    "tiny": dict(num_layers=2, d_model=64, num_heads=4, mlp_dim=256),
+    "small": dict(num_layers=2, d_model=128, num_heads=4, mlp_dim=512),
+    "base": dict(num_layers=4, d_model=256, num_heads=8, mlp_dim=1024),
+    "100m": dict(num_layers=12, d_model=768, num_heads=12, mlp_dim=3072, max_len=512),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,6 +26,7 @@ class ModelConfig:
   positions: str = "rotary"  # "rotary" | "learned"
   dtype: str = "float32"  # activation dtype; parameters stay float32
   vocab_size: int = VOCAB_SIZE
+  remat: bool = False  # recompute each block's activations in the backward pass
 
   def num_tensors(self) -> int:
     """The parameter tensors of models/transformer.py: per block two layer norms (scale, bias), query, key, value

@@ -1,4 +1,4 @@
-"""Decoder-only byte-level Transformer LM (pre-norm, causal attention, rotary or learned positions)."""
+"""Decoder-only Transformer LM (pre-norm, causal attention, rotary or learned positions)."""
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +56,7 @@ class Block(nn.Module):
 
 
 class TransformerLM(nn.Module):
-  """Maps byte ids [B, L] to next-byte logits [B, L, vocab]."""
+  """Maps token ids [B, L] to next-token logits [B, L, vocab]."""
 
   cfg: ModelConfig
 
@@ -71,7 +71,8 @@ class TransformerLM(nn.Module):
       pos_embed = self.param("pos_embed", nn.initializers.normal(0.02), (cfg.max_len, cfg.d_model))
       x_BxLxD = x_BxLxD + pos_embed[None, : tokens_BxL.shape[1]].astype(cfg.dtype)
     x_BxLxD = self.perturb("embedded", x_BxLxD)  # a zero no-op unless gradients w.r.t. inputs are asked for
+    block = nn.remat(Block) if cfg.remat else Block
     for i in range(cfg.num_layers):
-      x_BxLxD = Block(cfg, name=f"block_{i}")(x_BxLxD)
+      x_BxLxD = block(cfg, name=f"block_{i}")(x_BxLxD)
     x_BxLxD = nn.LayerNorm(dtype=cfg.dtype, name="ln_final")(x_BxLxD)
     return embed.attend(x_BxLxD.astype(jnp.float32))  # tied output projection, fp32 logits

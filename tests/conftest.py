@@ -40,6 +40,36 @@ def tiny_config():
   return config
 
 
+@pytest.fixture(scope="session")
+def text_input(tmp_path_factory):
+  """A folder of real text: 30 standard-library modules (a third in a subfolder) and a JSONL file of 12 more."""
+  import json  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+  import sysconfig  # pylint: disable=g-import-not-at-top
+
+  stdlib = pathlib.Path(sysconfig.get_paths()["stdlib"])
+  sources = [p for p in sorted(stdlib.glob("*.py")) if 4_000 < p.stat().st_size < 40_000]
+  folder = tmp_path_factory.mktemp("text_input")
+  (folder / "sub").mkdir()
+  for i, source in enumerate(sources[:30]):
+    (folder / ("sub" if i % 3 == 0 else "") / source.name).write_bytes(source.read_bytes())
+  with open(folder / "docs.jsonl", "w", encoding="utf-8") as out:
+    for source in sources[30:42]:
+      out.write(json.dumps({"id": source.name, "text": source.read_text(encoding="utf-8")}) + "\n")
+  return folder
+
+
+@pytest.fixture(scope="session")
+def prepared_dataset(text_input, tmp_path_factory):
+  """`text_input` prepared with a SentencePiece tokenizer of 512 ids trained on it, in three shards."""
+  from runtime.data import prepare  # pylint: disable=g-import-not-at-top
+
+  output = tmp_path_factory.mktemp("prepared") / "spm512"
+  prepare.prepare(prepare.PrepareConfig(input=str(text_input), output=str(output), tokenizer="sentencepiece",
+                                        vocab_size=512, eval_fraction=0.1, shard_bytes=250_000, progress=False))
+  return output
+
+
 def pytest_addoption(parser):
   parser.addoption("--record-golden", action="store_true",
                    help="re-record tests/golden/ from this code (see tests/integration/test_bit_identity.py)")

@@ -9,9 +9,10 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from models.config import ModelConfig
+from models.config import SIZES, ModelConfig
 from runtime.config import capacity as capacity_lib
 from runtime.cluster import learner_slices
+from runtime.data import manifest as data_manifest
 from runtime.data.shards import SHARD_LAYOUTS
 from runtime.diloco import fragment_plan
 from runtime.errors import ConfigError, check, check_types
@@ -192,6 +193,8 @@ def with_fields(run: RunConfig, fields: dict[str, Any]) -> RunConfig:
       raise ConfigError(path, value, f"a field of {type(owner).__name__}")
     parse = {"faults.schedule": parse_schedule, "capacity.schedule": capacity_lib.parse}.get(path)
     target[name] = parse(value) if parse and isinstance(value, str) else value
+  if "data.path" in fields and "model.vocab_size" not in fields:  # other data: its vocabulary
+    sections.setdefault("model", {})["vocab_size"] = data_manifest.vocabulary(fields["data.path"])[0]
   nested = {s: dataclasses.replace(getattr(run, s), **v) for s, v in sections.items()}
   run = dataclasses.replace(run, **top, **nested)
   validate(run)
@@ -247,21 +250,14 @@ def _build(cls: type, cfg: ml_collections.ConfigDict | None, prefix: str) -> Any
   return cls(**values)
 
 
-# Named model sizes; fields set explicitly under `model` override the preset.
-MODEL_SIZES = {
-    "tiny": dict(num_layers=2, d_model=64, num_heads=4, mlp_dim=256),
-    "small": dict(num_layers=2, d_model=128, num_heads=4, mlp_dim=512),
-    "base": dict(num_layers=4, d_model=256, num_heads=8, mlp_dim=1024),
-    "100m": dict(num_layers=12, d_model=768, num_heads=12, mlp_dim=3072, max_len=512),
-}
-
-def _build_model(cfg: ml_collections.ConfigDict | None) -> ModelConfig:
-  """ModelConfig from an optional `size` preset plus explicit field overrides."""
+def _build_model(cfg: ml_collections.ConfigDict | None, data_path: str) -> ModelConfig:
+  """ModelConfig from an optional `size` preset plus explicit field overrides; the vocabulary, unless set, data's."""
   fields = {k: v for k, v in (cfg.to_dict() if cfg is not None else {}).items() if v is not None}  # None: preset
   size = fields.pop("size", None)
-  if size is not None and size not in MODEL_SIZES:
-    raise ConfigError("model.size", size, f"one of {sorted(MODEL_SIZES)}")
-  return _build(ModelConfig, ml_collections.ConfigDict({**MODEL_SIZES.get(size, {}), **fields}), "model.")
+  if size is not None and size not in SIZES:
+    raise ConfigError("model.size", size, f"one of {sorted(SIZES)}")
+  fields.setdefault("vocab_size", data_manifest.vocabulary(data_path)[0])
+  return _build(ModelConfig, ml_collections.ConfigDict({**SIZES.get(size, {}), **fields}), "model.")
 
 
 SECTIONS = dict(model=ModelConfig, data=DataConfig, inner=InnerOptConfig, outer=OuterConfig, clock=ClockConfig,
@@ -272,7 +268,7 @@ SECTIONS = dict(model=ModelConfig, data=DataConfig, inner=InnerOptConfig, outer=
 def from_config_dict(cfg: ml_collections.ConfigDict) -> RunConfig:
   """Converts and validates a ConfigDict; every error names the field and the allowed values."""
   nested = {name: _build(cls, cfg.get(name), f"{name}.") for name, cls in SECTIONS.items() if name != "model"}
-  nested["model"] = _build_model(cfg.get("model"))
+  nested["model"] = _build_model(cfg.get("model"), nested["data"].path)
   top = ml_collections.ConfigDict({k: v for k, v in cfg.items() if k not in SECTIONS})
   return with_mode(dataclasses.replace(_build(RunConfig, top, ""), **nested), top.get("mode", "decoupled"))
 
@@ -329,7 +325,8 @@ def validate(run: RunConfig) -> None:
     check(getattr(m, name) >= 1, f"model.{name}", getattr(m, name), "an integer >= 1")
   check(m.d_model % m.num_heads == 0 and (m.d_model // m.num_heads) % 2 == 0, "model.num_heads", m.num_heads,
          f"a divisor of model.d_model ({m.d_model}) leaving an even head size")
-  check(m.vocab_size == 256, "model.vocab_size", m.vocab_size, "256 (byte-level)")
+  vocab, why = data_manifest.vocabulary(d.path)
+  check(m.vocab_size == vocab, "model.vocab_size", m.vocab_size, f"{vocab} ({why})")
   check(d.seq_len >= 1, "data.seq_len", d.seq_len, "an integer >= 1")
   check(d.seq_len <= m.max_len, "data.seq_len", d.seq_len, f"<= model.max_len ({m.max_len})")
   check(0.0 < d.eval_fraction < 1.0, "data.eval_fraction", d.eval_fraction, "a float in (0, 1)")

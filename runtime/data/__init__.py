@@ -1,1 +1,2 @@
-"""Data for learners: the byte-level corpus, per-learner shards, the data service, batches staged on slices."""
+"""Data for learners: the corpus (text in memory or a prepared dataset on disk), preparing datasets and their
+tokenizers, per-learner shards, the data service, batches staged on slices."""

@@ -1,4 +1,9 @@
-"""Byte-level corpus: resolve `data.path` to files, read them once, split train/eval by file."""
+"""The corpus: text read byte-level into memory and split by file, or a prepared dataset streamed from disk.
+
+`data.path` names text (`stdlib`, a file, a directory or a glob: read once, whole, vocabulary 256) or a directory
+that `launch.prepare_data` wrote (recognized by its manifest; runtime/data/prepared.py). Either gives a train and
+an eval token stream that the loader cuts into windows the same way.
+"""
 
 import dataclasses
 import glob
@@ -10,6 +15,7 @@ import sysconfig
 
 import numpy as np
 
+from runtime.data import manifest, prepared
 from runtime.errors import DataError
 
 STDLIB = "stdlib"
@@ -24,27 +30,34 @@ _DIR_SKIP_DIRS = frozenset({"__pycache__"})
 
 @dataclasses.dataclass(frozen=True)
 class Corpus:
-  """Train and eval byte streams (uint8, 1-D) and how many files each came from."""
+  """Train and eval token streams and how many documents (files) each came from.
 
-  train: np.ndarray
-  eval: np.ndarray
+  Text: uint8 byte arrays in memory. A prepared dataset: `prepared.TokenSplit`s read from disk.
+  """
+
+  train: "np.ndarray | prepared.TokenSplit"
+  eval: "np.ndarray | prepared.TokenSplit"
   train_files: int
   eval_files: int
 
 
 def resolve_files(path: str) -> list[pathlib.Path]:
   """Non-empty files named by `path`: "stdlib", a file, a directory (recursive) or a glob."""
-  return _resolve(path)[1]
+  return resolve(path)[1]
 
 
 def load_corpus(path: str, eval_fraction: float, max_bytes: int | None = None) -> Corpus:
-  """Reads the files once, capped at `max_bytes`, and splits them into train/eval by path hash."""
+  """Reads the files once, capped at `max_bytes`, and splits them into train/eval by path hash; or opens the
+  prepared dataset at `path` (its own split; `max_bytes` caps its training tokens' stored bytes)."""
+  if manifest.path_of(path) is not None:  # a prepared dataset: its own split and tokenizer
+    train, held_out, _ = prepared.load(path, max_bytes)
+    return Corpus(train=train, eval=held_out, train_files=train.documents, eval_files=held_out.documents)
   if not 0.0 < eval_fraction < 1.0:
     raise DataError(
         f"data.eval_fraction = {eval_fraction!r} is invalid: allowed 0 < eval_fraction < 1")
   if max_bytes is not None and max_bytes < 1:
     raise DataError(f"data.max_bytes = {max_bytes!r} is invalid: allowed None or an integer >= 1")
-  root, files = _resolve(path)
+  root, files = resolve(path)
   docs = _read(root, files, max_bytes)
   if len(docs) == 1:
     # One file has no other file to hold out, so its tail becomes the eval split.
@@ -52,7 +65,7 @@ def load_corpus(path: str, eval_fraction: float, max_bytes: int | None = None) -
     cut = len(data) - max(1, round(len(data) * eval_fraction))
     train, held_out, train_files, eval_files = data[:cut], data[cut:], 1, 1
   else:
-    in_eval = [_hash_fraction(rel) < eval_fraction for rel, _ in docs]
+    in_eval = [hash_fraction(rel) < eval_fraction for rel, _ in docs]
     if not any(in_eval):
       in_eval[0] = True
     elif all(in_eval):
@@ -72,8 +85,8 @@ def load_corpus(path: str, eval_fraction: float, max_bytes: int | None = None) -
       eval_files=eval_files)
 
 
-def _resolve(path: str) -> tuple[pathlib.Path, list[pathlib.Path]]:
-  """The root that file identities are relative to, and the sorted non-empty files under it."""
+def resolve(path: str, field: str = "data.path") -> tuple[pathlib.Path, list[pathlib.Path]]:
+  """The root that file identities are relative to, and the sorted non-empty files under it; errors name `field`."""
   if path == STDLIB:
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
     files = _walk(root, _STDLIB_SKIP_DIRS, suffix=".py")
@@ -94,14 +107,14 @@ def _resolve(path: str) -> tuple[pathlib.Path, list[pathlib.Path]]:
       tried = f"the glob pattern {expanded!r}"
     else:
       raise DataError(
-          f"data.path = {path!r}: no such file or directory; allowed {STDLIB!r}, "
+          f"{field} = {path!r}: no such file or directory; allowed {STDLIB!r}, "
           "a file, a directory or a glob pattern (with ** for any depth)")
   if not files:
-    raise DataError(f"data.path = {path!r} matched no files; tried {tried}")
+    raise DataError(f"{field} = {path!r} matched no files; tried {tried}")
   non_empty = sorted(f for f in files if f.stat().st_size > 0)
   if not non_empty:
     raise DataError(
-        f"data.path = {path!r}: all {len(files)} matched file(s) are empty; tried {tried}")
+        f"{field} = {path!r}: all {len(files)} matched file(s) are empty; tried {tried}")
   return root, non_empty
 
 
@@ -138,7 +151,7 @@ def _read(root: pathlib.Path, files: list[pathlib.Path],
   return docs
 
 
-def _hash_fraction(relative_path: str) -> float:
-  """A stable value in [0, 1) from the path; Python's hash() is salted per process."""
-  digest = hashlib.blake2b(relative_path.encode("utf-8"), digest_size=8).digest()
+def hash_fraction(identity: str) -> float:
+  """A stable value in [0, 1) from a document's identity (its path); Python's hash() is salted per process."""
+  digest = hashlib.blake2b(identity.encode("utf-8"), digest_size=8).digest()
   return int.from_bytes(digest, "big") / 2.0**64

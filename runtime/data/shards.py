@@ -2,11 +2,14 @@
 
 import queue
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from runtime.errors import DataError
+
+if TYPE_CHECKING:
+  from runtime.data import prepared
 
 
 def shard_bounds(num_tokens: int, num_shards: int, shard_index: int) -> tuple[int, int]:
@@ -273,20 +276,24 @@ def eval_batches(tokens: np.ndarray, *, batch_size: int, seq_len: int,
     raise DataError(
         f"the eval split has {len(tokens)} tokens ({len(windows)} windows of seq_len + 1 = "
         f"{window}) but {num_batches} batches of {batch_size} need {needed * window} tokens; "
-        "raise data.eval_fraction or lower the eval batch count")
+        "raise data.eval_fraction (a prepared dataset: prepare it with a larger --eval_fraction) or lower the "
+        "eval batch count")
   ids = np.arange(needed, dtype=np.int64) * len(windows) // needed
   return windows[ids].astype(np.int32).reshape(num_batches, batch_size, seq_len + 1)
 
 
-def _windows(tokens: np.ndarray, seq_len: int, batch_size: int) -> np.ndarray:
-  """A [num_windows, seq_len + 1] view of `tokens` in disjoint windows, dropping the tail."""
-  if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-    raise DataError(
-        f"tokens must be a 1-D integer array, got {tokens.dtype} of shape {tokens.shape}")
+def _windows(tokens: "np.ndarray | prepared.TokenSplit", seq_len: int, batch_size: int) -> Any:
+  """Disjoint windows of seq_len + 1 tokens, dropping the tail: a [num_windows, seq_len + 1] view of an array in
+  memory, or a prepared split's `Windows` (the same indexing, read from disk)."""
   if seq_len < 1:
     raise DataError(f"seq_len = {seq_len!r} is invalid: allowed an integer >= 1")
   if batch_size < 1:
     raise DataError(f"batch_size = {batch_size!r} is invalid: allowed an integer >= 1")
+  if not isinstance(tokens, np.ndarray):
+    return tokens.windows(seq_len)
+  if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+    raise DataError(
+        f"tokens must be a 1-D integer array, got {tokens.dtype} of shape {tokens.shape}")
   window = seq_len + 1
   count = len(tokens) // window
   return tokens[:count * window].reshape(count, window)
