@@ -75,6 +75,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Run again in a workdir that holds this run: resume from its newest sound checkpoint (a different config is
   # refused, naming the fields). False: start afresh in a new run directory beside it; nothing is deleted.
   config.resume = True
+  # Every run ends by saving its model to <run>/model/ (runtime.load_model, launch.sample, launch.evaluate);
+  # decoupled, diloco_sync: also every this many merges, to <run>/models/merge-<N>/ (0 = only at the end).
+  config.save_model_every = 0
 
   config.model = ml_collections.ConfigDict()
   # A named size (tiny, small, base, 100m); fields set below override it.

@@ -17,6 +17,16 @@ _CACHE = os.path.join(tempfile.gettempdir(), "decoupled-diloco-test-xla-cache")
 @pytest.fixture
 def tiny_config():
   """A seconds-long run on a slice of the real corpus: tiny model, short sequences, no files."""
+  return _tiny_config()
+
+
+@pytest.fixture(scope="session")
+def make_tiny_config():
+  """`tiny_config` for fixtures wider than one test: call it for a fresh copy."""
+  return _tiny_config
+
+
+def _tiny_config():
   from configs import default  # pylint: disable=g-import-not-at-top
 
   config = default.get_config()

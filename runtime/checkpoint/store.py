@@ -20,6 +20,7 @@ import shutil
 import time
 from typing import Any, Callable
 
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -51,6 +52,34 @@ def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
   registry.add("meta", ocp.args.JsonSave, json_handler)
   registry.add("meta", ocp.args.JsonRestore, json_handler)
   return registry
+
+
+def problem(step_dir: pathlib.Path) -> str | None:
+  """Why the checkpoint in `step_dir` cannot be trusted, or None."""
+  digest = step_dir / DIGEST
+  if not digest.exists():
+    return "it has no digest (the run stopped before verifying it)"
+  if digest.read_text().strip() != _digest(step_dir):
+    return "its files do not match their digest (truncated or corrupted)"
+  return None
+
+
+def read(directory: pathlib.Path, step: int) -> tuple[dict[str, np.ndarray], dict]:
+  """The arrays (NumPy, by key) and metadata of checkpoint `step` under `directory`, read without changing
+  anything there (a running run's directory included); DataError if it is missing or not sound."""
+  steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
+  if step not in steps:
+    raise DataError(f"no checkpoint {step} under {directory}: allowed one of {steps}" if steps else
+                    f"no checkpoints under {directory} (the run saved none: --config.checkpoint_every)")
+  why = problem(directory / str(step))
+  if why is not None:
+    raise DataError(f"checkpoint {directory / str(step)} cannot be read: {why}")
+  with ocp.CheckpointManager(directory, handler_registry=_handlers(),
+                             options=ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False)) as manager:
+    meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    like = {k: np.empty(shape, dtype) for k, (shape, dtype) in meta["arrays"].items()}
+    arrays = manager.restore(step, args=ocp.args.Composite(state=restore_args(like))).state
+  return arrays, meta
 
 
 def restore_args(like: PyTree) -> ocp.args.PyTreeRestore:
@@ -159,13 +188,7 @@ class Checkpoints:
 
   def problem(self, step: int) -> str | None:
     """Why checkpoint `step` cannot be trusted, or None."""
-    step_dir = self.directory / str(step)
-    digest = step_dir / DIGEST
-    if not digest.exists():
-      return "it has no digest (the run stopped before verifying it)"
-    if digest.read_text().strip() != _digest(step_dir):
-      return "its files do not match their digest (truncated or corrupted)"
-    return None
+    return problem(self.directory / str(step))
 
   def restore_latest(self, like: PyTree | Callable[[dict], PyTree]) -> tuple[int, PyTree, dict] | None:
     """(step, state, meta) of the newest sound checkpoint, or None if there is none; DataError listing each one

@@ -10,10 +10,10 @@ from typing import Any, Sequence
 import ml_collections
 
 from models.config import SIZES, ModelConfig
-from runtime.config import capacity as capacity_lib
+from runtime.config import capacity as capacity_lib, data as data_config
+from runtime.config.data import DataConfig
 from runtime.cluster import learner_slices
 from runtime.data import manifest as data_manifest
-from runtime.data.shards import SHARD_LAYOUTS
 from runtime.diloco import fragment_plan
 from runtime.errors import ConfigError, check, check_types
 from runtime.faults import plan as fault_plan, replay as fault_replay
@@ -24,7 +24,6 @@ from runtime.wire import config as wire_config
 MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
 CHECKPOINT_MODES = ("dp", "decoupled", "diloco_sync")  # modes a killed run resumes from its checkpoints in
 CLOCKS = ("virtual", "real")
-ASSIGNMENTS = ("shards", "service")  # how learners get their data
 # "pathways": pathwaysutils.initialize() before JAX starts (runtime/cluster/multislice.py)
 BACKENDS = ("local", "pathways")
 GRACE_KINDS = ("none", "adaptive", "fixed")
@@ -37,24 +36,7 @@ DTYPES = ("float32", "bfloat16")
 # Fields that change nothing a run computes (its records and results): they are not part of a run's name, and a run
 # resumes whatever they are now.
 QUIET_FIELDS = ("progress", "tensorboard", "compile_cache", "backend", "checkpoint_every", "checkpoint_seconds",
-                "checkpoint_keep", "resume")
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-  """Corpus and batching."""
-
-  path: str = "stdlib"
-  eval_fraction: float = 0.02
-  max_bytes: int | None = None
-  seq_len: int = 128
-  batch_size: int = 32  # global: summed over all learners / all devices
-  prefetch: int = 2
-  learner_batches: tuple[int, ...] = ()  # per-learner batch sizes summing to batch_size; empty = equal shares
-  shard_layout: str = "strided"  # "strided" (each shard spans the corpus) or "contiguous" (a span of files)
-  # "shards": learner m trains on shard m of M (layout above); "service": the controller leases windows of one
-  # global stream on demand, independent of M (learners may join and leave: needed by capacity.schedule).
-  assignment: str = "shards"
+                "checkpoint_keep", "resume", "save_model_every")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +131,7 @@ class RunConfig:
   checkpoint_every: int = 0  # steps (dp) or merges (decoupled, diloco_sync) between checkpoints; 0 = none
   checkpoint_seconds: float = 0.0  # decoupled, diloco_sync: also checkpoint at a merge this long after the last
   checkpoint_keep: int = 3  # newest checkpoints kept
+  save_model_every: int = 0  # decoupled, diloco_sync: also save the model every this many merges; 0 = only at the end
   resume: bool = True  # the workdir holds this run: resume it; False: start afresh in a new run directory
 
   @property
@@ -319,23 +302,15 @@ def validate(run: RunConfig) -> None:
   check(run.checkpoint_seconds == 0 or run.mode in CHECKPOINT_MODES[1:], "checkpoint_seconds",
         run.checkpoint_seconds, f"0 in mode '{run.mode}': allowed in modes {CHECKPOINT_MODES[1:]}")
   check(run.checkpoint_keep >= 1, "checkpoint_keep", run.checkpoint_keep, "an integer >= 1")
+  check(run.save_model_every >= 0 and (run.save_model_every == 0 or run.mode in CHECKPOINT_MODES[1:]),
+        "save_model_every", run.save_model_every, f"0, or merges >= 1 in modes {CHECKPOINT_MODES[1:]}")
   check(m.positions in POSITIONS, "model.positions", m.positions, f"one of {POSITIONS}")
   check(m.dtype in DTYPES, "model.dtype", m.dtype, f"one of {DTYPES}")
   for name in ("num_layers", "d_model", "num_heads", "mlp_dim", "max_len"):
     check(getattr(m, name) >= 1, f"model.{name}", getattr(m, name), "an integer >= 1")
   check(m.d_model % m.num_heads == 0 and (m.d_model // m.num_heads) % 2 == 0, "model.num_heads", m.num_heads,
          f"a divisor of model.d_model ({m.d_model}) leaving an even head size")
-  vocab, why = data_manifest.vocabulary(d.path)
-  check(m.vocab_size == vocab, "model.vocab_size", m.vocab_size, f"{vocab} ({why})")
-  check(d.seq_len >= 1, "data.seq_len", d.seq_len, "an integer >= 1")
-  check(d.seq_len <= m.max_len, "data.seq_len", d.seq_len, f"<= model.max_len ({m.max_len})")
-  check(0.0 < d.eval_fraction < 1.0, "data.eval_fraction", d.eval_fraction, "a float in (0, 1)")
-  check(d.max_bytes is None or d.max_bytes > 0, "data.max_bytes", d.max_bytes, "None or a positive integer")
-  check(d.prefetch >= 1, "data.prefetch", d.prefetch, "an integer >= 1")
-  check(d.shard_layout in SHARD_LAYOUTS, "data.shard_layout", d.shard_layout, f"one of {SHARD_LAYOUTS}")
-  check(d.assignment in ASSIGNMENTS, "data.assignment", d.assignment, f"one of {ASSIGNMENTS}")
-  check(d.assignment == "shards" or run.mode in ("decoupled", "diloco_sync"), "data.assignment", d.assignment,
-        f"'shards' in mode '{run.mode}' (the data service feeds DiLoCo learners: modes decoupled, diloco_sync)")
+  data_config.validate(run)
   capacity_lib.validate(run)
   groups = run.learners if run.mode in ("decoupled", "diloco_sync", "dp_elastic", "dp_restart") else 1
   per_slice = run.num_devices // max(run.num_slices + run.lent_slices, 1)

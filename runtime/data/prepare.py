@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 
 from runtime.data import corpus, documents as documents_lib, manifest as manifest_lib, tokenizers
+from runtime.data import prepare_resume as resume
 from runtime.errors import DataError
+from runtime.reporting import run_lock
 
 # One record per group: any document is read without decoding its neighbours (random access for the loader).
 WRITER_OPTIONS = "group_size:1"
-STATE_DIR = ".prepare"
 _ENCODE_BATCH_BYTES = 4 << 20
 _TOKENIZER_SAMPLE_BYTES = 256 << 20  # SentencePiece trains on about this much input, spread over the shards
 
@@ -61,7 +62,21 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
   started = time.perf_counter()
   out = pathlib.Path(cfg.output).expanduser().resolve()
   shards = documents_lib.plan(cfg.input, cfg.shard_bytes)
-  state = _State(out, {"input": os.path.abspath(os.path.expanduser(cfg.input)) if cfg.input != corpus.STDLIB
+  try:
+    lock = run_lock.RunLock.take(out.parent, out.name, kind="dataset", flag="--output")
+  except OSError as error:
+    raise DataError(f"--output = {str(out)!r} cannot be created: {error.strerror or error}") from None
+  try:
+    for stale in out.glob(".*.tmp*"):  # what an interrupted preparation was writing (this lock excludes others)
+      stale.unlink()
+    return _prepare(cfg, out, shards, started)
+  finally:
+    lock.release()
+
+
+def _prepare(cfg: PrepareConfig, out: pathlib.Path, shards: list[list[documents_lib.Piece]],
+             started: float) -> dict[str, Any]:
+  state = resume.Preparation(out, {"input": os.path.abspath(os.path.expanduser(cfg.input)) if cfg.input != corpus.STDLIB
                        else corpus.STDLIB, "settings": cfg.settings(), "pieces": documents_lib.signature(shards)})
   tokenizer = state.tokenizer() or state.keep_tokenizer(_make_tokenizer(cfg, shards))
   dtype = np.dtype(np.uint8 if tokenizer.vocab_size <= 256 else np.uint16 if tokenizer.vocab_size <= 65536
@@ -116,80 +131,6 @@ def _make_tokenizer(cfg: PrepareConfig, shards: list[list[documents_lib.Piece]])
     raise DataError(f"--vocab_size = {cfg.vocab_size} does not match the tokenizer {cfg.tokenizer!r}, whose "
                     f"vocabulary is {tokenizer.vocab_size}: allowed {tokenizer.vocab_size} or unset")
   return tokenizer
-
-
-class _State:
-  """What a preparation keeps under `<output>/.prepare/`: its plan, the tokenizer's kind, a marker per shard."""
-
-  def __init__(self, out: pathlib.Path, plan: dict[str, Any]):
-    self._out, self._dir = out, out / STATE_DIR
-    plan_file = self._dir / "plan.json"
-    if plan_file.is_file():
-      kept = json.loads(plan_file.read_text())
-      for key, value in plan.items():
-        if kept.get(key) != value:
-          what = "input files" if key == "pieces" else key
-          raise DataError(f"--output = {str(out)!r} holds a preparation of other {what} ({_differs(kept, plan, key)}); "
-                          "use another --output, or remove it to start again")
-      self._plan = kept
-    else:
-      if manifest_lib.path_of(str(out)) is not None:
-        raise DataError(f"--output = {str(out)!r} already holds a prepared dataset made elsewhere; use another --output")
-      try:
-        self._dir.mkdir(parents=True, exist_ok=True)
-      except OSError as error:
-        raise DataError(f"--output = {str(out)!r} cannot be created: {error.strerror or error}") from None
-      self._plan = dict(plan, tokenizer_kind=None, adjust={})
-      self._save()
-
-  def tokenizer(self) -> tokenizers.Tokenizer | None:
-    kind = self._plan["tokenizer_kind"]
-    return None if kind is None else tokenizers.load(kind, self._out)
-
-  def keep_tokenizer(self, tokenizer: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
-    tokenizer.save(self._out)
-    self._plan["tokenizer_kind"] = tokenizer.kind
-    self._save()
-    return tokenizer
-
-  def adjustment(self, index: int) -> dict[str, Any]:
-    return self._plan["adjust"].get(str(index), {})
-
-  def set_adjustment(self, index: int, change: dict[str, Any]) -> None:
-    self._plan["adjust"] = {str(index): change}
-    self._save()
-
-  def marker(self, index: int) -> dict[str, Any]:
-    return json.loads(_marker_path(self._out, index).read_text())
-
-  def done(self, index: int) -> bool:
-    """Whether shard `index` is complete: its marker written and its files matching the marker's checksums."""
-    path = _marker_path(self._out, index)
-    if not path.is_file():
-      return False
-    marker = json.loads(path.read_text())
-    try:
-      manifest_lib.verify(self._out, [marker[s] for s in manifest_lib.SPLITS if marker[s] is not None])
-    except DataError:
-      return False
-    return True
-
-  def _save(self) -> None:
-    tmp = self._dir / f".plan.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(self._plan))
-    os.replace(tmp, self._dir / "plan.json")
-
-
-def _differs(kept: dict, plan: dict, key: str) -> str:
-  if key == "pieces":
-    return "files were added, removed or changed since"
-  if key == "input":
-    return f"--input was {kept[key]!r}"
-  return ", ".join(f"{k} was {kept[key].get(k)!r}, now {v!r}" for k, v in plan[key].items() if kept[key].get(k) != v)
-
-
-def _marker_path(out: pathlib.Path, index: int) -> pathlib.Path:
-  return out / STATE_DIR / f"shard-{index:05d}.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,7 +252,7 @@ def _write_shard(job: _Job, tokenizer: tokenizers.Tokenizer, counts: _Counts, sh
   for split in manifest_lib.SPLITS:
     writers[split].close()
     marker[split] = _finish(job.out, names[split], temps[split], np.asarray(lengths[split], np.int64))
-  path = _marker_path(job.out, job.index)
+  path = resume.marker_path(job.out, job.index)
   tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
   tmp.write_text(json.dumps(marker))
   os.replace(tmp, path)
@@ -347,7 +288,8 @@ def _adjustment(markers: list[dict[str, Any]], input_path: str) -> tuple[int, di
   count = {s: sum(m[s]["documents"] for m in markers if m[s] is not None) for s in manifest_lib.SPLITS}
   if count["train"] + count["eval"] == 0:
     bad = sum(m["bad_lines"] for m in markers)
-    raise DataError(f"--input = {input_path!r} holds no documents" + (f" ({bad} bad JSONL lines dropped)" if bad else ""))
+    dropped = f" ({bad} bad JSONL lines dropped)" if bad else ""
+    raise DataError(f"--input = {input_path!r} holds no documents{dropped}")
   if count["train"] and count["eval"]:
     return None
   index, identity = next((i, m["first"]) for i, m in enumerate(markers) if m["first"] is not None)
@@ -383,7 +325,8 @@ def summary(manifest: dict[str, Any], output: str) -> str:
   tokenizer = manifest["tokenizer"]
   lines = [f"prepared {output}: {documents:,} documents, {tokens:,} tokens (train {train['documents']:,} documents, "
            f"{train['tokens']:,} tokens; eval {held_out['documents']:,}, {held_out['tokens']:,}) in "
-           f"{manifest['input']['shards']} shard(s); tokenizer {tokenizer['kind']}, vocabulary {tokenizer['vocab_size']:,}",
+           f"{manifest['input']['shards']} shard(s); tokenizer {tokenizer['kind']}, "
+           f"vocabulary {tokenizer['vocab_size']:,}",
            f"{manifest['input']['bytes'] / 1e6:,.1f} MB of input in {seconds:,.1f} s: {documents / seconds:,.0f} "
            f"documents/s, {tokens / seconds:,.0f} tokens/s"]
   if manifest["input"]["bad_lines_dropped"]:

@@ -39,6 +39,12 @@ class Tokenizer:
   def save(self, directory: pathlib.Path) -> None:
     """Writes the tokenizer's file into `directory` (a dataset, or a model) under `self.file`."""
 
+  def byte_lengths(self) -> np.ndarray:
+    """The UTF-8 bytes each id stands for (the end-of-document id: 1, like the byte stream's separator)."""
+    lengths = np.asarray([len(self.decode([i]).encode("utf-8")) for i in range(self.vocab_size)], np.int64)
+    lengths[self.eod_id] = 1
+    return lengths
+
 
 class ByteTokenizer(Tokenizer):
   """The 256 byte values; NUL, which text never holds, ends a document (as the byte-level corpus does)."""
@@ -50,6 +56,9 @@ class ByteTokenizer(Tokenizer):
 
   def decode(self, ids: Sequence[int]) -> str:
     return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+  def byte_lengths(self) -> np.ndarray:
+    return np.ones(256, np.int64)
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -83,6 +92,15 @@ class SentencePieceTokenizer(Tokenizer):
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._sp.decode([int(i) for i in ids])
+
+  def byte_lengths(self) -> np.ndarray:
+    """As pieces: '▁' is a space; a byte-fallback piece is one byte; unknown and control pieces none."""
+    sp = self._sp
+    piece = lambda i: len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+    lengths = np.asarray([1 if sp.is_byte(i) else 0 if sp.is_control(i) or sp.is_unknown(i) else piece(i)
+                          for i in range(self.vocab_size)], np.int64)
+    lengths[self.eod_id] = 1
+    return lengths
 
   def save(self, directory: pathlib.Path) -> None:
     (directory / self.file).write_bytes(self._proto)
@@ -145,7 +163,8 @@ def load(kind: str, directory: pathlib.Path) -> Tokenizer:
     return ByteTokenizer()
   known = {SentencePieceTokenizer.kind: SentencePieceTokenizer, HuggingFaceTokenizer.kind: HuggingFaceTokenizer}
   if kind not in known:
-    raise DataError(f"tokenizer kind {kind!r} in {str(directory)!r} is unknown: allowed 'byte' or one of {sorted(known)}")
+    raise DataError(f"tokenizer kind {kind!r} in {str(directory)!r} is unknown: allowed 'byte' or one of "
+                    f"{sorted(known)}")
   return from_file(directory / known[kind].file)
 
 

@@ -43,6 +43,7 @@ from runtime.faults.plan import timed_events
 from runtime.train import preemption
 from runtime.train.optim import inner_optimizer
 from runtime.train.programs import init_state
+from runtime.trained import saved
 from runtime.wire.codecs import Codec
 from runtime.wire.downlink import Mirrors
 
@@ -92,6 +93,7 @@ class Controller:
     self.durability = Durability(run, workdir, name, treedefs, self.host_sharding, devices, self.clock, self.syncer,
                                  self.learners, self.merges, self.rounds, self.slices, self.links, self.ledger,
                                  self.membership, log)
+    self.trail = saved.Trail(run, pathlib.Path(workdir) / name if workdir else None, name)
     self.profile = RoundsProfile(run.profile_rounds, pathlib.Path(workdir) / name / "profile" if workdir else None)
     self.event_time = 0.0  # when the event being handled happened
     self._handlers = {
@@ -240,6 +242,7 @@ class Controller:
     self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp())
     self.merges.maybe_merge()
     self.durability.merged()
+    self.trail.merged(self.durability.merges_done, self.syncer.params, self.log.tokens_merged, self.log.eval_loss)
 
   def _on_straggler(self, event: Event) -> None:
     self.clock.set_slowdown(event.learner, event.payload)

@@ -15,6 +15,7 @@ from runtime.reporting import run_lock
 from runtime.reporting import summary
 from runtime.config.run import CHECKPOINT_MODES, RunConfig, from_config_dict, with_mode
 from runtime.train.harness import Experiment, RunResult, finish
+from runtime.trained import saved
 
 
 def prepare(config: ml_collections.ConfigDict) -> RunConfig:
@@ -34,7 +35,10 @@ def train_one(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None
   name, lock = provenance.claim(workdir, name, run, resumable=resumable)
   try:
     provenance.write(run, pathlib.Path(workdir) / name, name)
-    return _train_in(run, exp, workdir, name)
+    result = _train_in(run, exp, workdir, name)
+    saved.save(pathlib.Path(workdir) / name / saved.MODEL_DIR, run, result.params, run_name=name,
+               tokens=result.tokens, eval_loss=result.final_eval_loss)
+    return result
   finally:
     lock.release()
 
@@ -72,6 +76,8 @@ def outputs(results: list[RunResult], workdir: pathlib.Path) -> str:
   for r in results:
     files += [(f"{r.run}/metrics.jsonl", "every record (train, merge, eval, fault), one JSON object per line"),
               (f"{r.run}/run.json", "resolved config, seed, versions, devices, command line")]
+    if (workdir / r.run / saved.MODEL_DIR / saved.MODEL_JSON).exists():
+      files.append((f"{r.run}/{saved.MODEL_DIR}/", "the trained model: runtime.load_model, launch.sample, launch.evaluate"))
     if (workdir / r.run / "tb").exists():
       files.append((f"{r.run}/tb/", "TensorBoard events"))
   width = max(len(name) for name, _ in files)

@@ -28,7 +28,7 @@ class RunLock:
     self.run_dir, self._handle = run_dir, handle
 
   @classmethod
-  def take(cls, workdir: pathlib.Path, name: str) -> "RunLock":
+  def take(cls, workdir: pathlib.Path, name: str, kind: str = "run", flag: str = "--workdir") -> "RunLock":
     """Locks `workdir/name` (made if missing), or raises UsageError naming the process that holds it."""
     run_dir = workdir / name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -39,8 +39,8 @@ class RunLock:
       handle.seek(0)
       holder = _holder(handle.read())
       handle.close()
-      raise UsageError(f"run '{name}' in {workdir} is in use by {holder}; wait for it, or use another "
-                       "--workdir") from None
+      raise UsageError(f"{kind} '{name}' in {workdir} is in use by {holder}; wait for it, or use another "
+                       f"{flag}") from None
     handle.seek(0)
     handle.truncate()
     handle.write(json.dumps(dict(pid=os.getpid(), host=socket.gethostname(),

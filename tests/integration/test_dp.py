@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import pytest
 
+from runtime.trained import load_model
 from runtime.experiments import modes
 from runtime.faults import plan
 from runtime.train.harness import Experiment
@@ -41,6 +42,8 @@ def test_dp_loss_falls_on_the_real_corpus_and_writes_metrics(tiny_config, tmp_pa
   assert evals == sorted(evals, reverse=True)
   assert (tmp_path / "dp" / "metrics.jsonl").stat().st_size > 0
   assert list((tmp_path / "dp" / "tb").iterdir())
+  _, params, _ = load_model(tmp_path / "dp")  # every mode ends with its model
+  jax.tree.map(np.testing.assert_array_equal, params, result.params)
 
 
 @pytest.fixture

@@ -27,7 +27,8 @@ def _lowered_step(tmp_path, remat: bool) -> jax.stages.Lowered:
   """One training step of the config's model (with `remat`), on one sequence, lowered from abstract shapes."""
   _manifest_of_a_32k_dataset(tmp_path / "data")
   run = from_config_dict(pretrain_100m.get_config(str(tmp_path / "data")))
-  assert (run.model.vocab_size, run.model.dtype, run.model.num_layers, run.model.d_model) == (32768, "bfloat16", 12, 768)
+  model = run.model
+  assert (model.vocab_size, model.dtype, model.num_layers, model.d_model) == (32768, "bfloat16", 12, 768)
   model = dataclasses.replace(run.model, remat=remat)
   tx = optim.inner_optimizer(run.inner, run.total_steps)
   state = jax.eval_shape(lambda: programs.init_state(lm.init_params(model, jax.random.key(0)), tx))

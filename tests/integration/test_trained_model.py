@@ -1,0 +1,112 @@
+"""The trained model as a run's output: saved bit for bit, loaded in one call, sampled, evaluated, refused when bad."""
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from runtime.trained import load_model
+from launcher import launch
+from models.transformer import TransformerLM
+from runtime.diloco import durability as durability_lib
+from runtime.errors import DataError
+from runtime.experiments import modes
+from runtime.trained import evaluation, sampling, saved
+
+
+def _equal(a, b) -> bool:
+  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+  return len(leaves_a) == len(leaves_b) and all(np.array_equal(x, y) for x, y in zip(leaves_a, leaves_b))
+
+
+@pytest.fixture(scope="module")
+def trained(make_tiny_config, tmp_path_factory):
+  """A tiny Decoupled DiLoCo run with checkpoints every merge and a model every 2; Θ recorded after each merge."""
+  config = make_tiny_config()
+  config.checkpoint_every, config.checkpoint_keep, config.save_model_every = 1, 10, 2
+  after_merge = {}
+  merged = durability_lib.Durability.merged
+
+  def recording(self):
+    merged(self)
+    after_merge[self.merges_done] = jax.device_get(self._syncer.params)  # pylint: disable=protected-access
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(durability_lib.Durability, "merged", recording)
+    workdir = tmp_path_factory.mktemp("trained")
+    result = modes.train(config, workdir)[0]
+  return result, workdir / "decoupled", after_merge
+
+
+def test_the_saved_model_is_the_final_theta_bit_for_bit_and_any_merge_loads_as_that_merges_theta(trained):
+  result, run_dir, after_merge = trained
+  config, params, tokenizer = load_model(run_dir)
+  assert _equal(params, result.params) and _equal(params, after_merge[max(after_merge)])
+  assert config.d_model == 32 and tokenizer.kind == "byte"
+  record = json.loads((run_dir / "model" / "model.json").read_text())
+  assert record["tokens"] == result.tokens and record["eval_loss"] == result.final_eval_loss
+  assert record["digest"] == saved.digest(params)
+  for merge in (1, 2):
+    assert _equal(load_model(run_dir, merge=merge).params, after_merge[merge])
+  assert _equal(load_model(run_dir / "models" / "merge-2").params, after_merge[2])
+  assert not _equal(after_merge[1], after_merge[2])
+  with pytest.raises(DataError, match=r"no checkpoint 99 under .*: allowed one of \[1, 2, 3, 4, 5\]"):
+    load_model(run_dir, merge=99)
+
+
+def test_evaluating_the_runs_own_batches_reproduces_its_final_eval_loss(trained):
+  result, run_dir, _ = trained
+  model = load_model(run_dir)
+  row = evaluation.evaluate(model, windows="run", progress=False)
+  assert abs(row["loss"] - result.final_eval_loss) < 1e-4
+  everything = evaluation.evaluate(model, max_windows=64, progress=False)
+  assert everything["tokens"] == 64 * 32 and 0 < everything["bits_per_byte"] < 8
+  assert everything["bits_per_byte"] == pytest.approx(everything["loss"] / np.log(2))  # bytes: one per token
+
+
+def test_sampling_is_deterministic_for_a_seed_and_greedy_sampling_follows_the_full_forward_pass(trained):
+  _, run_dir, _ = trained
+  cfg, params, tokenizer = load_model(run_dir)
+  one, again, other = (sampling.generate(cfg, params, tokenizer, "def ", tokens=40, seed=s, stop_at_end=False)
+                       for s in (0, 0, 1))
+  assert one["text"] == again["text"] and one["ids"] == again["ids"] and one["ids"] != other["ids"]
+  assert one["text"].startswith("def ") and len(one["ids"]) == 40
+  prompt = "import os, sys\nfrom typing im"  # 30 tokens: the window slides past max_len = 32 at once
+  greedy = sampling.generate(cfg, params, tokenizer, prompt, tokens=8, temperature=0.0, stop_at_end=False)
+  forward = jax.jit(lambda p, x: TransformerLM(cfg).apply({"params": p}, x))
+  ids = list(prompt.encode())
+  for _ in range(8):  # the whole (unpadded) context each time
+    ids.append(int(np.argmax(forward(params, np.asarray([ids[-cfg.max_len:]], np.int32))[0, -1])))
+  assert greedy["ids"] == ids[len(prompt):]
+  with pytest.raises(DataError, match="--prompt is 40 tokens long: allowed at most the model's max_len"):
+    sampling.generate(cfg, params, tokenizer, "x" * 40, tokens=1)
+
+
+def test_a_model_whose_arrays_do_not_match_its_digest_is_refused(trained, tmp_path):
+  _, run_dir, _ = trained
+  copy = tmp_path / "model"
+  shutil.copytree(run_dir / "model", copy)
+  record = json.loads((copy / "model.json").read_text())
+  (copy / "model.json").write_text(json.dumps(dict(record, digest="0" * 64)))
+  with pytest.raises(DataError, match="do not match the digest in model.json"):
+    load_model(copy)
+
+
+# (launcher, arguments, what the one line names); RUN is the trained run's directory, DATA a prepared dataset.
+BAD = [
+    ("sample", ["--model=NOWHERE"], "no model in"),
+    ("evaluate", ["--model=RUN", "--data=DATA"], "was tokenized with sentencepiece (512 ids), the model with byte"),
+]
+
+
+@pytest.mark.parametrize("module,args,named", BAD, ids=[f"{m}:{a[-1][:20]}" for m, a, _ in BAD])
+def test_bad_input_is_one_line_and_exit_2(trained, prepared_dataset, tmp_path, module, args, named):
+  _, run_dir, _ = trained
+  swap = {"NOWHERE": str(tmp_path / "nowhere"), "RUN": str(run_dir), "DATA": str(prepared_dataset)}
+  args = [a.split("=")[0] + "=" + swap.get(a.split("=", 1)[1], a.split("=", 1)[1]) for a in args]
+  out = launch(module, *args, cwd=tmp_path)
+  assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+  errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and named in errors[0], out.stderr[-2000:]
