@@ -62,7 +62,8 @@ class Controller:
                 if f.schedule or f.mtbi_chip_seconds > 0 else None)
     tx = inner_optimizer(run.inner, run.total_steps)
     data_service = make_data_service(run, exp)
-    self.learners = make_learners(run, exp, tx, devices, injector, data_service)
+    self.injector = injector
+    self.learners = make_learners(run, exp, devices, injector, data_service)
     theta = jax.jit(lm.init_params, static_argnums=0, out_shardings=self.host_sharding)(
         run.model, jax.random.key(run.seed))
     codec = Codec(run.compression, theta) if run.compression.up != "none" else None
@@ -112,7 +113,8 @@ class Controller:
   def train(self) -> RunResult:
     """Runs to the token budget and a final merge (resuming from the newest checkpoint); returns the summary."""
     try:
-      return self._train()
+      with injection.ROUTER.routing(self.injector):  # the learners' (shared) programs check this run's injector
+        return self._train()
     except BaseException:
       self._close()
       self.durability.close()  # the saves begun are finished; their errors never hide this one

@@ -13,7 +13,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 
 from runtime.data import shards as data_lib
 from runtime.checkpoint import snapshot as snapshot_lib
@@ -46,11 +45,9 @@ class Learner:
   STATE_LOST = (DOWN, FAILED)  # statuses whose device state is gone (a checkpoint saves none)
 
   def __init__(self, index: int, slice_index: int, devices: list[jax.Device], run: RunConfig,
-               stream: data_lib.ShardIterator | LeasedStream, tx: optax.GradientTransformation,
-               injector: injection.Injector | None = None):
+               stream: data_lib.ShardIterator | LeasedStream, injector: injection.Injector | None = None):
     self.index = index
     self.run = run
-    self.tx = tx
     self.injector = injector
     self.tokens_per_batch = stream.tokens_per_batch
     self._data = Stager(stream, run.data.prefetch, str(index))
@@ -92,7 +89,7 @@ class Learner:
     mesh, shardings and round program, compiled once per slice set it uses."""
     slices, groups = (slices, devices) if isinstance(slices, tuple) else ((slices,), [devices])
     if slices not in self._placements:
-      self._placements[slices] = placement_lib.place(self.index, slices, groups, self.run, self.tx, self.injector)
+      self._placements[slices] = placement_lib.place(self.index, slices, groups, self.run, self.injector)
     where = self._placements[slices]
     self.slices, self.slice_index = slices, slices[0]
     self.mesh, self.param_sharding, self.batch_sharding = where.mesh, where.param_sharding, where.batch_sharding

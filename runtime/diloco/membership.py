@@ -12,7 +12,6 @@ from typing import Callable, Sequence
 
 import jax
 import numpy as np
-import optax
 from absl import logging
 
 from runtime.cluster import learner_slices
@@ -35,8 +34,8 @@ def make_data_service(run: RunConfig, exp: Experiment) -> DataService | None:
   return DataService(exp.corpus.train, seq_len=run.data.seq_len, seed=run.seed)
 
 
-def make_learners(run: RunConfig, exp: Experiment, tx: optax.GradientTransformation,
-                  devices: Sequence[list[jax.Device]], injector: injection.Injector | None,
+def make_learners(run: RunConfig, exp: Experiment, devices: Sequence[list[jax.Device]],
+                  injector: injection.Injector | None,
                   data_service: DataService | None) -> list[Learner]:
   """The owned learners (one per owned slice, or k) and one absent learner per slice that may be lent."""
   learners = []
@@ -45,7 +44,7 @@ def make_learners(run: RunConfig, exp: Experiment, tx: optax.GradientTransformat
     stream = (exp.shard(m, run.learners, batch) if data_service is None
               else LeasedStream(data_service, batch_size=batch, learner=m))
     home = learner_slices.home(m, run.slices_per_learner) if owned else -1
-    learners.append(Learner(m, home, [devices[s] for s in home] if owned else [], run, stream, tx, injector))
+    learners.append(Learner(m, home, [devices[s] for s in home] if owned else [], run, stream, injector))
     if not owned:
       learners[-1].set_status(ABSENT, 0.0)
   return learners

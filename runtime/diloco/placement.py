@@ -8,19 +8,21 @@ not donate that state, at the cost of a second copy of it while a part runs.
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
-import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from models import lm
+from models.config import ModelConfig
 from runtime.cluster import devices as devices_lib
-from runtime.config.run import RunConfig
+from runtime.config.run import InnerOptConfig, RunConfig
 from runtime.diloco import receive as receive_lib
 from runtime.faults import injection
 from runtime.train import tree_transfer
+from runtime.train.optim import inner_optimizer
 from runtime.train.programs import init_state, make_round
 
 PyTree = Any
@@ -46,20 +48,31 @@ def keeps_state(run: RunConfig) -> bool:
 
 
 def place(learner: int, slices: tuple[int, ...], groups: Sequence[Sequence[jax.Device]], run: RunConfig,
-          tx: optax.GradientTransformation, injector: injection.Injector | None) -> Placement:
+          injector: injection.Injector | None) -> Placement:
   """The learner's placement on `slices` (the devices of each in `groups`), its programs compiled there."""
   if run.slices_per_learner == 1:
     mesh, batch_axes = devices_lib.slice_mesh(groups[0]), "data"
   else:
     mesh, batch_axes = devices_lib.learner_mesh(groups), ("slice", "data")
-  hook = injection.device_check(injector, learner, mesh) if injector else None
   keep = keeps_state(run)
-  donate = () if keep else 0
   return Placement(slices, mesh, lm.param_shardings(run.model, mesh, run.fsdp),
                    NamedSharding(mesh, P(None, batch_axes)),
-                   jax.jit(make_round(run.model, tx, hook), donate_argnums=donate),
-                   jax.jit(make_round(run.model, tx, hook, copy_params=True), donate_argnums=donate),
-                   jax.jit(lambda p, step: init_state(p, tx, step)), keep)
+                   *programs(run.model, run.inner, run.total_steps, learner if injector else None, mesh, keep), keep)
+
+
+@functools.lru_cache(maxsize=64)
+def programs(model: ModelConfig, inner: InnerOptConfig, total_steps: int, checked_learner: int | None, mesh: Mesh,
+             keep: bool) -> tuple[Callable, Callable, Callable]:
+  """A learner's round program, its round program that also copies the report, and its state's init: jitted once
+  per process for each model, inner optimizer, learner mesh and state keeping, and shared by every run that trains
+  them (a sweep, a comparison, the tests), so a run after the first traces and compiles none of them again. With
+  `checked_learner` every inner step checks for an injected crash of that learner (through injection.ROUTER)."""
+  tx = inner_optimizer(inner, total_steps)
+  hook = injection.device_check(injection.ROUTER, checked_learner, mesh) if checked_learner is not None else None
+  donate = () if keep else 0
+  return (jax.jit(make_round(model, tx, hook), donate_argnums=donate),
+          jax.jit(make_round(model, tx, hook, copy_params=True), donate_argnums=donate),
+          jax.jit(lambda p, step: init_state(p, tx, step)))
 
 
 def moved(tree: PyTree, mesh: Mesh) -> PyTree:

@@ -7,8 +7,9 @@ as INTERNAL). A program bug is injected at dispatch, as the INVALID_ARGUMENT err
 raises there, every time: it is no lost slice.
 """
 
+import contextlib
 import logging
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -65,6 +66,33 @@ class Injector:
                                        f"program ({bug.text}): it fails the same way at every dispatch")
 
 
+class Router:
+  """Where the learners' programs send their step checks: to the injector of the controller training now.
+
+  A learner's programs are shared by every run in the process with the same model, optimizer and mesh
+  (runtime/diloco/placement.py), so their host callback cannot hold one run's injector; a controller routes the
+  checks to its own for as long as it trains. With none routed, nothing is armed and every check passes.
+  """
+
+  def __init__(self):
+    self._injector: Injector | None = None
+
+  @contextlib.contextmanager
+  def routing(self, injector: Injector | None) -> Iterator[None]:
+    before, self._injector = self._injector, injector
+    try:
+      yield
+    finally:
+      self._injector = before
+
+  def check(self, learner: int, step: np.ndarray) -> None:
+    if self._injector is not None:
+      self._injector.check(learner, step)
+
+
+ROUTER = Router()
+
+
 class RecordedFailure(jax.errors.JaxRuntimeError):
   """A program's device error, recorded where it surfaced (at dispatch, or in a checkpoint), raised where the run
   awaits the program; it describes itself as the original error, and is classified by that description."""
@@ -80,7 +108,7 @@ def corrupt(params: PyTree, how: str) -> PyTree:
   return jax.tree.map(lambda x: x * scale, params)
 
 
-def device_check(injector: Injector, learner: int, mesh: jax.sharding.Mesh):
+def device_check(injector: Injector | Router, learner: int, mesh: jax.sharding.Mesh):
   """A step hook that runs the injector's check on every device of the slice.
 
   Each device calls the host itself (shard_map), so an injected crash fails every device's

@@ -16,7 +16,6 @@ from runtime.experiments import modes
 from runtime.diloco.learner import DOWN, TRAINING, WAITING, Learner
 from runtime.diloco.messages import Delivery
 from runtime.train.harness import Experiment
-from runtime.train.optim import inner_optimizer
 from test_learner_book import KEYS_BEFORE_THE_BOOK
 
 
@@ -27,7 +26,7 @@ def setup(tiny_config):
   run = modes.prepare(tiny_config)
   exp = Experiment(run)
   devices = jax.devices()[:1]
-  learner = Learner(0, 0, devices, run, exp.shard(0, 1, run.data.batch_size), inner_optimizer(run.inner, 100))
+  learner = Learner(0, 0, devices, run, exp.shard(0, 1, run.data.batch_size))
   host = NamedSharding(devices_lib.slice_mesh([devices_lib.host_device()]), P())
   theta = jax.device_get(lm.init_params(run.model, jax.random.key(0)))
   learner.reset(theta, 0, 0.0)
@@ -171,7 +170,7 @@ def test_a_snapshot_restores_into_a_fresh_learner_its_book_state_and_part_in_fli
                  "inflight", "uplink", "downlink", "queued", "void", "device", "captured"}
   assert set(saved) == KEYS_BEFORE_THE_BOOK | device_keys  # checkpoints written before the book load
   unpacker = snapshot_lib.Unpacker(*snapshot_lib.fetch(packer.groups), (), treedefs, host)
-  fresh = Learner(0, 0, devices, run, Experiment(run).shard(0, 1, run.data.batch_size), inner_optimizer(run.inner, 100))
+  fresh = Learner(0, 0, devices, run, Experiment(run).shard(0, 1, run.data.batch_size))
   try:
     fresh.restore(saved, unpacker, theta)
     assert json.dumps(fresh.book.snapshot()) == json.dumps(learner.book.snapshot())
