@@ -39,6 +39,10 @@ class Tokenizer:
   def save(self, directory: pathlib.Path) -> None:
     """Writes the tokenizer's file into `directory` (a dataset, or a model) under `self.file`."""
 
+  def serialized(self) -> bytes:
+    """What defines it: two tokenizers with the same bytes here encode every text alike."""
+    return self.kind.encode()
+
   def byte_lengths(self) -> np.ndarray:
     """The UTF-8 bytes each id stands for (the end-of-document id: 1, like the byte stream's separator)."""
     lengths = np.asarray([len(self.decode([i]).encode("utf-8")) for i in range(self.vocab_size)], np.int64)
@@ -105,6 +109,9 @@ class SentencePieceTokenizer(Tokenizer):
   def save(self, directory: pathlib.Path) -> None:
     (directory / self.file).write_bytes(self._proto)
 
+  def serialized(self) -> bytes:
+    return self._proto
+
 
 class HuggingFaceTokenizer(Tokenizer):
   """A Hugging Face `tokenizer.json`, read by the `tokenizers` library (the `hf` extra)."""
@@ -143,6 +150,9 @@ class HuggingFaceTokenizer(Tokenizer):
 
   def save(self, directory: pathlib.Path) -> None:
     (directory / self.file).write_text(self._text, encoding="utf-8")
+
+  def serialized(self) -> bytes:
+    return self._text.encode("utf-8")
 
 
 def from_file(path: str | pathlib.Path) -> Tokenizer:

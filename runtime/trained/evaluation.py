@@ -58,9 +58,7 @@ def _stream(model: Loaded, data_path: str, split: str, run_data: dict) -> "np.nd
   if manifest_lib.path_of(data_path) is not None:
     theirs, _ = data_tokenizer(data_path)
     ours = model.tokenizer
-    if (theirs.kind, theirs.vocab_size, theirs.eod_id) != (ours.kind, ours.vocab_size, ours.eod_id) or (
-        theirs.file is not None and theirs.encode([b"def f(x):\n  return x\n"])[0].tolist()
-        != ours.encode([b"def f(x):\n  return x\n"])[0].tolist()):
+    if theirs.serialized() != ours.serialized():
       raise DataError(f"--data = {data_path!r} was tokenized with {theirs.kind} ({theirs.vocab_size} ids), the model "
                       f"with {ours.kind} ({ours.vocab_size} ids): allowed data prepared with the model's tokenizer")
     train, held_out, _ = prepared.load(data_path, run_data.get("max_bytes") if split == "train" else None)
