@@ -1,6 +1,6 @@
 """A trained model's loss on any data: `python -m launch.evaluate --model=WORKDIR/RUN/model [--data=PATH]`.
 
---model takes one or more models (comma-separated; globs allowed: 'workdirs/sweep/*/model'), one table row each:
+--model takes a model (repeat the flag for more; globs allowed: 'workdirs/sweep/*/model'), one table row each:
 loss in nats per token and bits per byte, comparable across runs and tokenizers. --data is a text path or a prepared
 dataset (default: the run's own data); its evaluation split is scored, every window, unless --windows=run (exactly
 the run's held-out batches: the run's final eval loss). Docs: docs/model.md.
@@ -13,7 +13,8 @@ from absl import flags
 
 from runtime import cli
 
-_MODEL = flags.DEFINE_list("model", None, "Model or run directories (globs allowed), one row each.")
+_MODEL = flags.DEFINE_multi_string("model", None, "A model or run directory (a glob allowed); repeat the flag for "
+                                    "more, one row each (run names hold commas, so they are not separators).")
 _MERGE = flags.DEFINE_integer("merge", None, "Read Θ after this many merges from each run's checkpoints.")
 _DATA = flags.DEFINE_string("data", None, "Text path or prepared dataset (default: the run's data).")
 _SPLIT = flags.DEFINE_enum("split", "eval", ["eval", "train"], "Which split of the data to score.")
@@ -27,7 +28,7 @@ _PROGRESS = flags.DEFINE_boolean("progress", True, "Show a progress bar.")
 def main(argv: list[str]) -> None:
   del argv
   if not _MODEL.value:
-    cli.fail("--model is required: allowed model or run directories, comma-separated, globs allowed")
+    cli.fail("--model is required: allowed a model or run directory, or a glob of them (the flag repeats)")
   paths = [match for pattern in _MODEL.value for match in (sorted(glob.glob(pattern)) or [pattern])]
 
   def rows() -> list[dict]:

@@ -110,3 +110,12 @@ def test_bad_input_is_one_line_and_exit_2(trained, prepared_dataset, tmp_path, m
   assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
   errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and named in errors[0], out.stderr[-2000:]
+
+
+def test_evaluate_scores_a_model_whose_path_holds_a_comma_as_run_names_do(trained, tmp_path):
+  _, run_dir, _ = trained
+  model = tmp_path / "decoupled,outer.quorum=2" / "model"
+  shutil.copytree(run_dir / "model", model)
+  out = launch("evaluate", f"--model={model}", "--max_windows=8", "--progress=false", cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert str(model) in out.stdout
