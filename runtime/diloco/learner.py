@@ -117,8 +117,9 @@ class Learner:
 
   def warm_up(self, theta_host: PyTree, host_sharding: jax.sharding.Sharding) -> None:
     """Compiles its programs before its first part (placement.warm_up); touches none of its state or data."""
+    copies = self._capture.by_part and self.run.overlap_steps > 0  # (a main part copies its report: see dispatch)
     placement_lib.warm_up(self._placements[self.slices], theta_host, host_sharding, self.run,
-                          self.tokens_per_batch // self.run.data.seq_len, self._capture.by_part)
+                          self.tokens_per_batch // self.run.data.seq_len, copies)
 
   # Rounds -----------------------------------------------------------------------------------------
 
@@ -141,7 +142,7 @@ class Learner:
     if schedule_at is not None:  # the inner schedule follows the run's progress (inner.schedule_progress="run")
       self.state = schedule_to(self.state, np.int32(schedule_at))
     failure, before = "", (self.state, staged.start) if self._keeps_state else None
-    copies = self._capture.by_part and (kind == "main" or steps == main)  # (one program per part length)
+    copies = self._capture.by_part and overlap and (kind == "main" or steps == main)  # (one program per length)
     program = self._report_program if copies else self._round_program
     try:
       state, metrics, *report = program(self.state, staged.batches_HxBxT)
@@ -183,7 +184,7 @@ class Learner:
     (that part donates them): θ_m's next fragment copied there (or quantized there); nothing waits."""
     how, self.book.corrupt_next = self.book.corrupt_next, ""
     local = self.fragments.part(self.state.params, 0 if self.fragments.num == 1 else self.fragments.next())
-    copied = self._capture.take(local, how, self.state)
+    copied = self._capture.take(local, how, self.state, copy=self.run.overlap_steps > 0)
     if self.run.overlap_steps and self.run.outer.receive == "carry":  # (the next round donates the state's buffers)
       self._at_report = copied if copied is not None else tree_transfer.fresh_copy(local)
 

@@ -3,7 +3,8 @@
 The part that ends in a report and the part queued behind it share the state, which the second donates: the
 report's tensors are taken first, as a fresh copy on the slice (or quantized there under compression). A main part
 makes that copy itself where it can (a whole report, uncompressed): the copy is held with the state the part ended
-in, and taken only while the learner's state is still that one. Nothing waits: the merge worker copies them to the
+in, and taken only while the learner's state is still that one. Without overlap steps no part is queued behind a
+report's part before the Θ that answers it replaces the reported tensors, so the report is those tensors: no copy. Nothing waits: the merge worker copies them to the
 host, and a compressed report's payload is packed only when its part has finished. A checkpoint taken in between
 keeps them (a held copy it leaves out: the restored learner copies the report itself).
 """
@@ -24,7 +25,7 @@ class ReportCapture:
 
   def __init__(self, uplink: Uplink | None, fragments: int):
     self._uplink = uplink
-    self.by_part = uplink is None and fragments == 1  # a main part copies the report (whole, uncompressed) itself
+    self.by_part = uplink is None and fragments == 1  # with overlap steps, a main part copies a whole report itself
     self._taken: tuple[str, PyTree, Any] | None = None  # (corruption, params, quantized parts or payload)
     self._held: tuple[Any, PyTree] | None = None  # (the state a main part ended in, its copy of their parameters)
 
@@ -33,13 +34,16 @@ class ReportCapture:
     report's tensors, if taken from that state)."""
     self._held = (state, copied[0]) if copied else None
 
-  def take(self, local: PyTree, corrupt: str, state: Any = None) -> PyTree | None:
+  def take(self, local: PyTree, corrupt: str, state: Any = None, copy: bool = True) -> PyTree | None:
     """Enqueues the copy (or the quantizing) of θ_m's tensors `local` of `state`, or takes the copy its part made;
-    `corrupt` injects a fault into them. Returns the clean copy (None if quantized), which nothing donates."""
+    `corrupt` injects a fault into them. Returns the clean copy (None if quantized), which nothing donates. Without
+    `copy` (no overlap steps: nothing donates them before Θ replaces them) the report is `local` itself."""
     held, self._held = self._held, None
     parts = self._uplink.quantize(local, corrupt) if self._uplink else None
     clean = None
-    if parts is None:
+    if parts is None and not copy:
+      clean = local
+    elif parts is None:
       clean = held[1] if held is not None and held[0] is state else tree_transfer.fresh_copy(local)
     self._taken = (corrupt, injection.corrupt(clean, corrupt) if corrupt and clean is not None else clean, parts)
     return clean

@@ -190,8 +190,9 @@ def test_a_main_part_copies_its_report_itself_so_the_part_behind_it_may_donate_t
   monkeypatch.setattr(report_capture.tree_transfer, "fresh_copy", lambda t: copies.append(t) or jax.tree.map(
       lambda x: x.copy(), t))
   _, learner, _, _, _ = setup
+  learner.run = dataclasses.replace(learner.run, overlap_steps=1)
   learner.dispatch("main", 2, 0.0, 2.0)
-  final = jax.device_get(learner.state.params)
+  final = _on_device_copy(learner.state.params)  # (a host view of the state would keep XLA:CPU from donating it)
   learner.capture_report()
   learner.dispatch("overlap", 1, 2.0, 1.0)  # donates the main part's state
   learner.collect(2.0), learner.collect(3.0)
@@ -207,11 +208,40 @@ def test_a_report_taken_from_another_state_than_the_main_part_ended_in_is_copied
   monkeypatch.setattr(report_capture.tree_transfer, "fresh_copy", lambda t: copies.append(t) or jax.tree.map(
       lambda x: x.copy(), t))
   _, learner, _, _, _ = setup
+  learner.run = dataclasses.replace(learner.run, overlap_steps=1)
   _part(learner, "main", 2, 0.0)
   learner.state = learner.state.replace(params=jax.tree.map(lambda x: x + 1, learner.state.params))
   report = learner.report(2.0)
   assert len(copies) == 1
   _trees_equal(report.params, learner.state.params)
+
+
+def _on_device_copy(tree):
+  return jax.jit(lambda t: jax.tree.map(lambda x: x + 0, t))(tree)
+
+
+def test_without_overlap_steps_a_report_is_the_states_own_tensors_and_the_next_round_leaves_them_intact(setup,
+                                                                                                       monkeypatch):
+  """τ = 0: no part runs behind the report's part before the Θ that answers it replaces the reported tensors, so the
+  report copies nothing (no copy program, no copied outputs), and the next round donates Θ's buffers, not its."""
+  from runtime.diloco import report_capture  # pylint: disable=g-import-not-at-top
+  copies = []
+  monkeypatch.setattr(report_capture.tree_transfer, "fresh_copy", lambda t: copies.append(t) or t)
+  _, learner, _, theta, _ = setup
+  assert learner.run.overlap_steps == 0
+  learner.dispatch("main", 2, 0.0, 2.0)
+  final = _on_device_copy(learner.state.params)
+  learner.collect(2.0)
+  report = learner.report(2.0)
+  assert not copies
+  assert all(a is b for a, b in zip(jax.tree.leaves(report.params), jax.tree.leaves(learner.state.params)))
+  learner.report_sent(report)
+  assert learner.deliver(Delivery(params=theta, version=1, round=learner.round))
+  learner.adopt(2.0)
+  learner.dispatch("main", 2, 2.0, 2.0)  # donates the adopted Θ's buffers
+  learner.collect(4.0)
+  assert not any(x.is_deleted() for x in jax.tree.leaves(report.params))
+  _trees_equal(report.params, final)
 
 
 def test_a_learner_whose_slice_failed_keeps_no_state_so_the_final_checkpoint_never_reads_donated_buffers(setup):
