@@ -226,15 +226,18 @@ def get_config() -> ml_collections.ConfigDict:
   # or flip|truncate a compressed report's bytes), link (duration=, mode=delay|drop), bug (a program error from time=
   # on: stops the learner for good); every one names learner= and time=.
   config.faults.schedule = ""
-  # Random crashes: per-chip mean time between interruptions, modeled seconds (0 = none).
+  # Random crashes: per-chip mean time between interruptions, seconds of the run's clock (modeled or wall; 0 = none).
   config.faults.mtbi_chip_seconds = 0.0
   # A recorded failure trace to replay instead of random crashes: the JSON of `python -m launch.simulate
   # --trace=PATH` (per slice: when it failed and when its repair ended); the run's slices beyond the trace's are
   # spares that never fail. "" = none.
   config.faults.trace = ""
+  # Seconds of the run's clock per second of a random or replayed crash trace (its failure and repair times): 1e-4
+  # replays a year-scale trace in under an hour of wall time under clock.kind='real'. 1 = as drawn.
+  config.faults.time_scale = 1.0
   # Chips per slice: a slice fails chips_per_slice times as often as one chip.
   config.faults.chips_per_slice = 256
-  # A crashed slice is repaired after this many modeled seconds.
+  # A crashed slice is repaired after this many seconds (modeled, or wall under clock.kind='real').
   config.faults.repair_seconds = 60.0
   # A spare slice (slices > learners) takes over a crashed learner after this many modeled seconds.
   config.faults.spare_swap_seconds = 5.0

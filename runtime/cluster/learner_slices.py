@@ -17,15 +17,13 @@ def home(learner: int, per_learner: int) -> tuple[int, ...]:
 
 
 def validate(run) -> None:
-  """slices_per_learner against the mode, the clock, the lent capacity, the devices and the batch."""
+  """slices_per_learner against the mode, the lent capacity, the devices and the batch."""
   k = run.slices_per_learner
   check(k >= 1, "slices_per_learner", k, "an integer >= 1")
   if k == 1:
     return
   check(run.mode in MODES, "slices_per_learner", k, f"1 in mode '{run.mode}' (learners of several slices run in "
         f"modes {MODES})")
-  check(run.clock.kind == "virtual", "slices_per_learner", k, "1 under clock.kind='real' (which slice of a learner "
-        "failed, and its reconfiguration, are modeled: use clock.kind='virtual')")
   check(not run.capacity.schedule, "capacity.schedule", "; ".join(l.text for l in run.capacity.schedule),
         f"empty with slices_per_learner = {k} (a lent slice runs a learner of one slice: set slices_per_learner=1)")
   check(run.learners * k <= run.num_devices, "slices_per_learner", k, f"at most num_devices / learners "

@@ -73,7 +73,7 @@ def trace(item: Lend, seed: int, index: int) -> Iterator[tuple[float, float]]:
 
 
 def validate(run) -> None:
-  """Lent capacity runs Decoupled DiLoCo learners fed by the data service, in modeled time."""
+  """Lent capacity runs Decoupled DiLoCo learners fed by the data service (lends at seconds of the run's clock)."""
   if not run.capacity.schedule:
     return
   text = "; ".join(l.text for l in run.capacity.schedule)
@@ -83,5 +83,3 @@ def validate(run) -> None:
         "(learners that join and leave take their data from the service)")
   check(not run.data.learner_batches, "capacity.schedule", text, "empty with data.learner_batches (lent learners "
         "take the equal share data.batch_size / learners)")
-  check(run.clock.kind == "virtual", "capacity.schedule", text, "empty under clock.kind='real' (lends are "
-        "scheduled in modeled time)")

@@ -156,6 +156,9 @@ class VirtualClock:
   def close(self) -> None:
     pass
 
+  def resume(self) -> None:
+    pass  # (modeled time passes only where modeled)
+
   def snapshot(self, encode: Callable[[Event], Any]) -> dict:
     """The time, the jitter's random state, the slowdowns and every scheduled event."""
     return dict(now=self._now, rng=self._rng.bit_generator.state, slowdown=sorted(self._slowdown.items()),
@@ -174,15 +177,16 @@ class RealClock:
   def __init__(self, cfg: ClockConfig, num_learners: int, seed: int, batch_shares: Sequence[float] = ()):
     del seed, batch_shares  # real hardware takes as long as it takes
     self.cfg = cfg
-    self._start = time.perf_counter()
+    self._start = self._paused_at = time.perf_counter()  # (paused until `resume`)
     self._timeline = _Timeline()
     self._watching: list[tuple[concurrent.futures.Future, Event]] = []  # in the order they were watched
     # A thread per in-flight program waits for it (without the GIL), so the controller sleeps until
     # something finishes instead of polling: polling took 10-15% of a core from the device threads.
     self._waiters = concurrent.futures.ThreadPoolExecutor(2 * num_learners + 2, thread_name_prefix="clock")
+    self._slowdown: dict[int, float] = {}  # learner -> how much longer its parts take (a straggler)
 
   def now(self) -> float:
-    return time.perf_counter() - self._start
+    return (self._paused_at if self._paused_at is not None else time.perf_counter()) - self._start
 
   def wall_stamp(self) -> dict:
     """The wall seconds since the start, for records that rates are computed from."""
@@ -195,28 +199,43 @@ class RealClock:
   def close(self) -> None:
     self._waiters.shutdown(wait=False, cancel_futures=True)
 
+  def resume(self) -> None:
+    """The run's time starts (or goes on after a restore) now: it stands still from the clock's making until the
+    first part is dispatched (set-up and compiles), so a fault due 1 s into the run falls 1 s after the first part."""
+    if self._paused_at is not None:
+      self._start += time.perf_counter() - self._paused_at
+      self._paused_at = None
+
   def snapshot(self, encode: Callable[[Event], Any]) -> dict:
     """The time, the timers, and the events of work in progress (saved finished: the snapshot awaits it)."""
     return dict(now=self.now(), timeline=self._timeline.snapshot(encode),
-                watching=[encode(event) for _, event in self._watching])
+                watching=[encode(event) for _, event in self._watching], slowdown=sorted(self._slowdown.items()))
 
   def restore(self, saved: dict, decode: Callable[[Any], Event]) -> None:
     """Time goes on from the snapshot's (the time the run was down is not counted); saved work is done now."""
     self._start = time.perf_counter() - saved["now"]
+    self._paused_at = None if self._paused_at is None else time.perf_counter()  # (still paused: from saved["now"])
+    self._slowdown = {learner: factor for learner, factor in saved.get("slowdown", ())}
     self._timeline.restore(saved["timeline"], decode)
     for event in saved["watching"]:
       self._timeline.push(saved["now"], decode(event))
 
   def set_slowdown(self, learner: int, factor: float) -> None:
-    del learner, factor  # real hardware is as slow as it is
+    """A straggler: each part of the learner's dispatched from now on takes `factor` times as long as its program
+    ran (its completion is held back; 1 ends it). Real hardware is as slow as it is; this is a fault injected."""
+    if factor == 1.0:
+      self._slowdown.pop(learner, None)
+    else:
+      self._slowdown[learner] = factor
 
   def step_seconds(self, learner: int) -> float:
     del learner
     return 0.0
 
   def transfer_seconds(self, num_bytes: int) -> float:
-    del num_bytes  # the transfer itself spends the real time
-    return 0.0
+    """A transfer on the learner's link takes its latency and bandwidth's time in wall seconds too: its arrival is
+    held back that long (the copy itself, device to host, spends its own real time in the merge worker)."""
+    return self.cfg.latency_s + num_bytes / self.cfg.bandwidth_bytes_per_s
 
   def after(self, delay: float, event: Event) -> None:
     self._timeline.push(self.now() + max(delay, 0.0), event)
@@ -225,13 +244,19 @@ class RealClock:
     """`event` fires when `work` (a JAX result pytree or a concurrent future) finishes or fails."""
     del modeled_seconds
     if not isinstance(work, concurrent.futures.Future):
-      work = self._waiters.submit(self._finished_at, work)
+      slowdown = self._slowdown.get(event.learner, 1.0) if event.kind == EventKind.PART_DONE else 1.0
+      work = self._waiters.submit(self._finished_at, work, self.now(), slowdown)
     self._watching.append((work, event))
 
-  def _finished_at(self, arrays: Any) -> float:
-    """Waits (off the controller thread) for device work; returns when it really finished."""
+  def _finished_at(self, arrays: Any, started: float, slowdown: float = 1.0) -> float:
+    """Waits (off the controller thread) for device work; returns when it really finished (for a straggler's part,
+    `slowdown` times as long after `started`, waited out here)."""
     jax.block_until_ready(arrays)
-    return self.now()
+    finished = self.now()
+    if slowdown != 1.0:
+      finished = started + slowdown * (finished - started)
+      time.sleep(max(finished - self.now(), 0.0))
+    return finished
 
   def cancel(self, predicate: Callable[[Event], bool]) -> None:
     self._timeline = self._timeline.without(predicate)

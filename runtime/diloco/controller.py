@@ -58,8 +58,9 @@ class Controller:
                                       run.num_slices + run.lent_slices)
     self.host_mesh = devices_lib.slice_mesh([devices_lib.host_device()])
     self.host_sharding = NamedSharding(self.host_mesh, P())
+    real_trace = bool(f.trace) and run.clock.kind == "real"  # (the real clock injects a replayed trace's crashes)
     injector = (injection.Injector(run.learners + run.lent_slices, f.schedule)
-                if f.schedule or f.mtbi_chip_seconds > 0 else None)
+                if f.schedule or f.mtbi_chip_seconds > 0 or real_trace else None)
     tx = inner_optimizer(run.inner, run.total_steps)
     data_service = make_data_service(run, exp)
     self.injector = injector
@@ -160,15 +161,23 @@ class Controller:
 
   def _warm_up(self) -> None:
     """Under the real clock, every placed learner compiles its programs before the first part is dispatched (on
-    threads: compilation releases the GIL), so that no device idles while the controller compiles another's."""
-    placed = [l for l in self.learners if l.slices]
-    with concurrent.futures.ThreadPoolExecutor(max(min(len(placed), os.cpu_count() or 1), 1)) as pool:
-      for done in [pool.submit(l.warm_up, self.syncer.params, self.host_sharding) for l in placed]:
+    threads: compilation releases the GIL), so that no device idles while the controller compiles another's; so
+    does every learner of lent capacity on each slice it may be lent, and a learner of several slices that
+    reconfigures on its own less each one it may lose (a compile when it joins or shrinks would stall the run)."""
+    devices, jobs = self.slices.devices, [(l, None) for l in self.learners if l.slices]
+    lent = range(self.run.num_slices, self.run.num_slices + self.run.lent_slices)
+    jobs += [(l, ((s,), [devices[s]])) for l in self.learners[self.run.learners:] for s in lent]
+    if len(self.learners[0].slices) > 1 and self.run.faults.learner_recovery == "reconfigure":
+      less = [(l, tuple(s for s in l.slices if s != j)) for l in self.learners if l.slices for j in l.slices]
+      jobs += [(l, (kept, [devices[s] for s in kept])) for l, kept in less]
+    with concurrent.futures.ThreadPoolExecutor(max(min(len(jobs), os.cpu_count() or 1), 1)) as pool:
+      for done in [pool.submit(l.warm_up, self.syncer.params, self.host_sharding, where) for l, where in jobs]:
         done.result()
 
   def _loop(self, start: bool) -> None:
     if self.run.clock.kind == "real":
       self._warm_up()
+    self.clock.resume()  # (the real clock's time starts here: set-up and compiles are not the run's)
     self.profile.start(self.learners)
     if start:
       starting = self.learners[:self.run.learners]  # learners of lent capacity join when it is lent

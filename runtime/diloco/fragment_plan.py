@@ -77,7 +77,6 @@ def validate(run: Any) -> None:
        "is kept whole)"),
       (run.slices_per_learner == 1, "slices_per_learner", run.slices_per_learner, "1"),
       (not run.lent_slices, "capacity.schedule", run.capacity.schedule, "empty (lent learners are untested)"),
-      (run.clock.kind == "virtual", "clock.kind", run.clock.kind, "'virtual' (fragments are untested in real time)"),
   ]
   for ok, field, value, allowed in unsupported:
     check(ok, field, value, f"{allowed} while fragments = {p} > 1")

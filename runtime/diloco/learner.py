@@ -46,13 +46,11 @@ class Learner:
 
   def __init__(self, index: int, slice_index: int, devices: list[jax.Device], run: RunConfig,
                stream: data_lib.ShardIterator | LeasedStream, injector: injection.Injector | None = None):
-    self.index = index
-    self.run = run
-    self.injector = injector
+    self.index, self.run, self.injector = index, run, injector
     self.tokens_per_batch = stream.tokens_per_batch
     self._data = Stager(stream, run.data.prefetch, str(index))
     self.leased = stream if isinstance(stream, LeasedStream) else None  # data from the service, leased ahead
-    self._placements: dict[tuple[int, ...], placement_lib.Placement] = {}  # slices -> mesh, programs there
+    self._placements = placement_lib.Placements(index, run, injector)  # slices -> mesh, programs there
     self.slices, self.slice_index = (), -1  # the slices it trains on (none while it has none), and the first
     if slice_index != -1:
       self.move_to(slice_index, devices)
@@ -77,6 +75,8 @@ class Learner:
   total_steps = property(lambda self: self.book.total_steps)
   inflight = property(lambda self: self.parts[0] if self.parts else None)  # the oldest part in flight
   device = property(lambda self: self.parts.device)  # when its parts ran
+  # With overlap steps a main part copies its (whole, uncompressed) report itself: see ReportCapture
+  _main_copies = property(lambda self: self._capture.by_part and self.run.overlap_steps > 0)
 
   def device_idle(self) -> float:
     """The share of its active span in which its device had no program of its own (see DeviceTimeline)."""
@@ -88,9 +88,7 @@ class Learner:
     """Binds the learner to one slice (an index and its devices) or several (a tuple, and each one's devices): its
     mesh, shardings and round program, compiled once per slice set it uses."""
     slices, groups = (slices, devices) if isinstance(slices, tuple) else ((slices,), [devices])
-    if slices not in self._placements:
-      self._placements[slices] = placement_lib.place(self.index, slices, groups, self.run, self.injector)
-    where = self._placements[slices]
+    where = self._placements.at(slices, groups)
     self.slices, self.slice_index = slices, slices[0]
     self.mesh, self.param_sharding, self.batch_sharding = where.mesh, where.param_sharding, where.batch_sharding
     self._round_program, self._report_program = where.round_program, where.report_program
@@ -115,11 +113,12 @@ class Learner:
     self.state = self._init(params, self.book.total_steps)
     self._new_round(version, now)
 
-  def warm_up(self, theta_host: PyTree, host_sharding: jax.sharding.Sharding) -> None:
-    """Compiles its programs before its first part (placement.warm_up); touches none of its state or data."""
-    copies = self._capture.by_part and self.run.overlap_steps > 0  # (a main part copies its report: see dispatch)
-    placement_lib.warm_up(self._placements[self.slices], theta_host, host_sharding, self.run,
-                          self.tokens_per_batch // self.run.data.seq_len, copies)
+  def warm_up(self, theta_host: PyTree, host_sharding: jax.sharding.Sharding, where: tuple | None = None) -> None:
+    """Compiles its programs before its first part (placement.warm_up) on its slices, or `where` (slices, devices) it
+    may train later: a slice it may be lent, or its own less one it may lose. Touches none of its state or data."""
+    placement_lib.warm_up(self._placements.at(*where) if where else self._placements.at(self.slices, ()),
+                          theta_host, host_sharding, self.run, self.tokens_per_batch // self.run.data.seq_len,
+                          self._main_copies)
 
   # Rounds -----------------------------------------------------------------------------------------
 
@@ -134,7 +133,8 @@ class Learner:
     if self.injector is not None:
       self.injector.check_program(self.index, now)
     main, overlap = self.run.round_steps - self.run.overlap_steps, self.run.overlap_steps
-    ahead = overlap if kind == "main" and overlap else main
+    trains_on = kind == "overlap" and self.run.outer.keep_training and self.inbox is None  # (another, until Θ)
+    ahead = overlap if (kind == "main" and overlap) or trains_on else main  # the part it stages next
     if self.leased is not None:  # this part, the one staged after it, and what the prefetcher reads ahead
       self.leased.lease_through(self._data.position["position"] + steps + ahead + self.run.data.prefetch + 2)
     staged = self._data.take(steps, self.batch_sharding)
@@ -142,7 +142,7 @@ class Learner:
     if schedule_at is not None:  # the inner schedule follows the run's progress (inner.schedule_progress="run")
       self.state = schedule_to(self.state, np.int32(schedule_at))
     failure, before = "", (self.state, staged.start) if self._keeps_state else None
-    copies = self._capture.by_part and overlap and (kind == "main" or steps == main)  # (one program per length)
+    copies = self._main_copies and (kind == "main" or steps == main)  # (one program per part length)
     program = self._report_program if copies else self._round_program
     try:
       state, metrics, *report = program(self.state, staged.batches_HxBxT)
@@ -222,6 +222,8 @@ class Learner:
     if self.book.status in (DOWN, ABSENT, FAILED) or delivery.round != self.book.round:
       return False
     self.inbox = delivery
+    if self.parts:  # adopted behind its parts: the next round's main part is staged now
+      self._data.stage_ahead(self.run.round_steps - self.run.overlap_steps, self.batch_sharding)
     return True
 
   def adopt(self, now: float) -> int:

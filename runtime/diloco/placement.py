@@ -42,6 +42,19 @@ class Placement:
   keeps_state: bool  # the round program leaves its input state intact (the state before a part survives it)
 
 
+class Placements:
+  """A learner's placements, one per set of slices it trains on (or may: warmed up before), each placed once."""
+
+  def __init__(self, learner: int, run: RunConfig, injector: injection.Injector | None):
+    self._learner, self._run, self._injector = learner, run, injector
+    self._placed: dict[tuple[int, ...], Placement] = {}
+
+  def at(self, slices: tuple[int, ...], groups: Sequence[Sequence[jax.Device]]) -> Placement:
+    if slices not in self._placed:
+      self._placed[slices] = place(self._learner, slices, groups, self._run, self._injector)
+    return self._placed[slices]
+
+
 def keeps_state(run: RunConfig) -> bool:
   """Whether a learner keeps its state across a lost slice: several slices per learner, reconfiguring."""
   return run.slices_per_learner > 1 and run.faults.learner_recovery == "reconfigure"

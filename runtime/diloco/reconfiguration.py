@@ -104,7 +104,8 @@ class SeveralSlices:
     self._clock.cancel(lambda e: e.learner == m and e.kind == EventKind.PART_DONE)
     self._slices.write_off(failure.unmerged_tokens)
     self._slices.ledger.lost(failure.lost_seconds)
-    self._slices.log().fault("shrink", m, now, f"{why}{failure.detail}: on slices {owned} of "
+    detail = failure.detail + self._slices.take_detail(m)
+    self._slices.log().fault("shrink", m, now, f"{why}{detail}: on slices {owned} of "
                              f"{self._run.slices_per_learner}, {failure.unmerged_tokens} tokens in flight lost")
     if not was_reconfiguring:  # (one under way moves onto the slices it holds when it ends)
       self._clock.after(self._run.faults.reconfig_seconds, Event(EventKind.RECONFIGURED, m, resume))

@@ -19,7 +19,7 @@ from runtime.diloco.clock import Event, EventKind
 from runtime.diloco.learner import DONE, RECONFIGURING, TRAINING, WAITING, Learner
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.merge_schedule import MergeSchedule
-from runtime.diloco.messages import Delivery
+from runtime.diloco.messages import Delivery, RoundPart
 from runtime.diloco.profiling import annotate
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.slice_lifecycle import SliceLifecycle
@@ -123,6 +123,11 @@ class Rounds:
     except Exception as error:  # pylint: disable=broad-except
       self._slices.failed(learner, "awaiting its round", error)
       return
+    self._continue(learner, part, now)
+    self._slices.crashed_idle(learner)  # (real clock) a crash armed after the part's last step: now, if none runs
+
+  def _continue(self, learner: Learner, part: RoundPart, now: float) -> None:
+    """After a part: its report sent (a main part's), and the learner's next part dispatched, or it waits."""
     self._syncer.observe_round((part.modeled_seconds or learner.device.last_seconds) / part.steps)
     if part.kind == "main":
       self._send_report(learner, now)

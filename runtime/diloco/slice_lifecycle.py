@@ -8,6 +8,7 @@ Lent slices come after the owned ones, at [num_slices, num_slices + lent): they 
 learners, and a lent learner that crashes waits for its own slice's repair, unless the slice is reclaimed first.
 """
 
+import dataclasses
 from typing import Any, Callable, Sequence
 
 import jax
@@ -43,6 +44,9 @@ class SliceLifecycle:
     self.pool = SlicePool(run.num_slices, in_use=run.learners * k, per_learner=k)  # lent slices are not its to give
     self.lent: dict[int, int] = {}  # lent slice -> the learner on it
     self._policy = policy(self)  # OneSlice, or SeveralSlices for k > 1
+    # Real clock: learner -> the crash event armed in its program in flight, handled when the program's error surfaces
+    self._surfacing: dict[int, tuple[Event, float]] = {}  # (and when it was armed)
+    self._detail: dict[int, str] = {}  # learner -> how its crash surfaced, for the fault record
 
   # Crashes -----------------------------------------------------------------------------------------
 
@@ -53,22 +57,62 @@ class SliceLifecycle:
 
   def on_slice_crash(self, event: Event) -> None:
     self.crashes.happened("slice", event.payload)
-    self._policy.slice_crashed(event.payload)
+    owner = next((l for l in self.learners if event.payload in l.slices and l.status != DOWN), None)
+    if not self._surfaces(owner, event):
+      self._policy.slice_crashed(event.payload)
 
   def on_learner_crash(self, event: Event) -> None:
     self.crashes.happened("learner", event.learner)
     learner = self.learners[event.learner]
-    if learner.status not in (DOWN, DONE, FAILED, ABSENT):
+    if learner.status not in (DOWN, DONE, FAILED, ABSENT) and not self._surfaces(learner, event):
       repair = event.payload.repair if event.payload.repair >= 0 else None
       self._policy.learner_crashed(learner, event.payload.slice, repair)
+
+  def _surfaces(self, learner: Learner | None, event: Event) -> bool:
+    """Under the real clock a crash fails the learner's program in flight for real: armed to raise at its next inner
+    step, the crash is handled when that device error surfaces (`failed`). True if so; False where nothing runs
+    (the virtual clock models the crash's time and arms its step at dispatch: `arm_crash`)."""
+    if self.run.clock.kind != "real" or self.injector is None or learner is None or not learner.parts:
+      return False
+    self.injector.arm(learner.index, 0)
+    self._surfacing[learner.index] = (event, self.clock.now())
+    return True
+
+  def _crash_surfaced(self, learner: Learner, how: str) -> None:
+    """The crash armed in the learner's program took it down: handled as its event (slice or learner crash)."""
+    event, armed_at = self._surfacing.pop(learner.index)
+    self._detail[learner.index] = f"{how} (armed at t={armed_at:.2f})"
+    if event.kind in (EventKind.SLICE_CRASH, EventKind.SLICE_CRASH.value):
+      self._policy.slice_crashed(event.payload)
+    else:
+      repair = event.payload.repair if event.payload.repair >= 0 else None
+      self._policy.learner_crashed(learner, event.payload.slice, repair)
+
+  def take_detail(self, m: int) -> str:
+    """How the learner's crash surfaced (real clock), for its fault record; "" if it did not surface."""
+    return self._detail.pop(m, "")
+
+  def crashed_idle(self, learner: Learner) -> bool:
+    """A part finished before its armed crash reached an inner step: with none left in flight to fail, its slice
+    fails now, idle. True if the learner went down."""
+    if learner.index not in self._surfacing or learner.parts:
+      return False
+    if learner.status in (DOWN, DONE, FAILED, ABSENT):  # (it finished, or left, before the slice failed)
+      self._surfacing.pop(learner.index)
+      return False
+    self._crash_surfaced(learner, " (its slice failed idle: its program had finished)")
+    return True
 
   def arm_crash(self, learner: Learner, steps: int, modeled: float) -> float | None:
     """Arms the device program to fail where a crash of its slice falls; returns that modeled time.
 
-    Without modeled time (the real clock) only step-scheduled crashes are armed; they surface when
-    the round is awaited.
+    Without modeled time (the real clock) only step-scheduled crashes are armed here; a crash due at a wall time is
+    armed in the program in flight when that time comes (`_surfaces`). Either surfaces when the part is awaited.
     """
     if self.injector is None:
+      return None
+    if learner.index in self._surfacing:  # (real clock) its crash fails this part at its first step
+      self.injector.arm(learner.index, 0)
       return None
     now = self.clock.now()
     crash = self.crashes.in_round(learner.index, learner.slices, learner.total_steps, steps, now, modeled)
@@ -86,6 +130,8 @@ class SliceLifecycle:
   def remove(self, learner: Learner, status: str) -> Failure:
     """Removes the learner's future and writes off its unmerged work; it is DOWN (to return) or FAILED (for good)."""
     failure = learner.fail(self.clock.now(), status)
+    self._surfacing.pop(learner.index, None)
+    failure = dataclasses.replace(failure, detail=failure.detail + self.take_detail(learner.index))
     self.crashes.fired(learner.index)
     self.write_off(failure.unmerged_tokens)
     self.ledger.lost(failure.lost_seconds)
@@ -106,7 +152,10 @@ class SliceLifecycle:
     """A learner's program raised: a lost slice is a crash (the learner comes back on another); any other error
     is a program error, which would fail again on any slice, so the learner stops for good."""
     if injection.slice_lost(error):
-      self.crash(learner, f"{where}: {injection.describe(error)}")
+      if learner.index in self._surfacing:  # the crash armed in it (real clock)
+        self._crash_surfaced(learner, f", {where}: {injection.describe(error)}")
+      else:
+        self.crash(learner, f"{where}: {injection.describe(error)}")
     else:
       self._stop(learner, f"{where}: {injection.describe(error)}", error)
 

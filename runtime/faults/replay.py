@@ -28,14 +28,15 @@ def load(path: str) -> trace_lib.FailureTrace:
 
 
 def slice_failures(cfg: plan.FaultConfig, slice_index: int, seed: int) -> Iterator[tuple[float, float]]:
-  """(time, repair seconds) of each of the slice's failures, in time order."""
+  """(time, repair seconds) of each of the slice's failures, in time order, scaled by `time_scale` onto the run's
+  clock."""
   if not cfg.trace:
     yield from plan.crash_times(cfg, slice_index, seed)
     return
   trace = load(cfg.trace)
   mine = trace.slice_of == slice_index
   for fail, repaired in zip(trace.fail_s[mine].tolist(), trace.repaired_s[mine].tolist()):
-    yield fail, repaired - fail
+    yield fail * cfg.time_scale, (repaired - fail) * cfg.time_scale
 
 
 def validate(run) -> None:
@@ -45,8 +46,6 @@ def validate(run) -> None:
     return
   check(f.mtbi_chip_seconds == 0, "faults.mtbi_chip_seconds", f.mtbi_chip_seconds,
         "0 with faults.trace (the trace replaces the random crashes)")
-  check(run.clock.kind == "virtual", "clock.kind", run.clock.kind,
-        "'virtual' with faults.trace (failures at modeled times)")
   trace = load(f.trace)
   check(trace.slices <= run.num_slices, "faults.trace", f.trace,
         f"a trace of at most the run's {run.num_slices} slices (it has {trace.slices}); lent slices never fail")

@@ -1,6 +1,6 @@
-"""The links between learners and the syncer: what a transfer costs in modeled time and bytes (on the path
-through the learner's region, see network/paths.py), and link faults (reports delayed until the link is back,
-or dropped)."""
+"""The links between learners and the syncer: what a transfer costs in time (modeled, or held back in wall time
+under the real clock) and bytes (on the path through the learner's region, see network/paths.py), and link faults
+(reports delayed until the link is back, or dropped)."""
 
 from typing import Any, Callable, Sequence
 
@@ -14,8 +14,7 @@ class Links:
   payload, Θ down the full model (one fragment, or all of it) or its compressed update."""
 
   def __init__(self, run: RunConfig, transfer_seconds: Callable[[int], float], fragment_bytes: Sequence[int]):
-    self.paths = paths_lib.Paths(run.links, transfer_seconds, run.clock.bandwidth_bytes_per_s,
-                                 modeled=run.clock.kind == "virtual")
+    self.paths = paths_lib.Paths(run.links, transfer_seconds, run.clock.bandwidth_bytes_per_s)
     self.fragment_bytes = tuple(fragment_bytes)  # bytes of each fragment's tensors (one fragment: the full model)
     self.param_bytes = sum(self.fragment_bytes)
     self.whole_down = run.compression.down == "none" and run.fragments == 1  # Θ always goes down as the full model

@@ -1,4 +1,5 @@
-"""A transfer's modeled time on the path learner ↔ syncer (in region 0), and the bytes in flight over time.
+"""A transfer's time on the path learner ↔ syncer (in region 0), and the bytes in flight over time (under either
+clock: the real clock holds a transfer's arrival back by as long).
 
 A learner in region 0 uses only its own link: latency + bytes / bandwidth (the clock's link). A learner in
 another region also crosses its region's inter-region link, shared by that region's learners: transfers on it
@@ -15,12 +16,10 @@ from runtime.network.config import LinksConfig, region_of
 class Paths:
   """Every learner's path to the syncer, with each inter-region link's queue (per direction)."""
 
-  def __init__(self, cfg: LinksConfig, own_link_seconds: Callable[[int], float], own_bandwidth: float,
-               modeled: bool = True):
+  def __init__(self, cfg: LinksConfig, own_link_seconds: Callable[[int], float], own_bandwidth: float):
     self.cfg = cfg
-    self._own = own_link_seconds  # the learner's own link (the clock's: 0 under the real clock)
+    self._own = own_link_seconds  # the learner's own link (the clock's)
     self._own_bandwidth = own_bandwidth
-    self._modeled = modeled  # False: the real clock, where transfers spend real time and nothing is modeled
     self._free_at: dict[tuple[int, str], float] = {}  # (region, "up" | "down") -> when its link is free
 
   def crosses(self, learner: int) -> bool:
@@ -29,7 +28,7 @@ class Paths:
 
   def seconds(self, learner: int, now: float, num_bytes: int, direction: str) -> float:
     """Seconds from now until `num_bytes` sent now reach the other end; queues on the inter-region link."""
-    if not self.crosses(learner) or not self._modeled:
+    if not self.crosses(learner):
       return self._own(num_bytes)
     key = (region_of(self.cfg, learner), direction)
     start = max(now, self._free_at.get(key, 0.0))

@@ -239,7 +239,6 @@ def test_faults_with_fragments_lose_no_token_and_merge_none_twice(tiny_config, m
     (dict(fragments=2, mode="dp"), "mode"),
     (dict(fragments=2, **{"compression.up": "int4"}), "compression.up"),
     (dict(fragments=2, **{"compression.down": "int8"}), "compression.down"),
-    (dict(fragments=2, **{"clock.kind": "real"}), "clock.kind"),
 ])
 def test_unsupported_fragment_settings_are_config_errors_naming_the_field(tiny_config, fields, field):
   for name, value in fields.items():

@@ -159,7 +159,6 @@ def test_a_learner_grown_while_its_theta_is_pulled_trains_when_the_move_ends(two
     ("slices_per_learner", 0, "slices_per_learner", "an integer >= 1"),
     ("slices_per_learner", 3, "slices_per_learner", "every slice needs a device"),
     ("mode", "dp", "slices_per_learner", "1 in mode 'dp'"),
-    ("clock.kind", "real", "slices_per_learner", "1 under clock.kind='real'"),
     ("slices", 3, "slices", "at least learners × slices_per_learner (2 × 2)"),
     ("data.batch_size", 6, "data.batch_size", "multiple of learners × devices per learner (2 × 2)"),
     ("faults.learner_recovery", "respawn", "faults.learner_recovery", "one of ('reconfigure', 'restart')"),

@@ -41,7 +41,8 @@ def _rounds(tiny_config, drop=False):
   learners = [FakeLearner(m, (m,), tokens_per_batch=run.learner_batch(m) * run.data.seq_len)
               for m in range(run.learners)]
   slices = types.SimpleNamespace(regroup_due=lambda learner, kind: False, step_scale=lambda learner: 1.0,
-                                 arm_crash=lambda learner, steps, modeled: None, failed=None)
+                                 arm_crash=lambda learner, steps, modeled: None, failed=None,
+                                 crashed_idle=lambda learner: False)
   log, links, merges, ledger = FakeLog(), _Links(drop), _Merges(), Ledger(run.num_slices)
   rounds = Rounds(run, clock, learners, FakeSyncer(), links, ledger, lambda: log, slices, merges)
   return types.SimpleNamespace(run=run, clock=clock, learners=learners, log=log, links=links, merges=merges,
