@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.slices = 0
   # k: slices per learner; a learner's round runs data-parallel over its k slices (a ('slice', 'data') mesh: batch
   # split over both, parameters replicated across slices). When one fails the learner reconfigures or restarts, by
-  # faults.learner_recovery. Modes decoupled and diloco_sync, virtual clock, no capacity.schedule; 1 = one slice each.
+  # faults.learner_recovery. Modes decoupled and diloco_sync, no capacity.schedule; 1 = one slice each.
   config.slices_per_learner = 1
   # H: inner steps between a learner's reports.
   config.inner_steps = 30
@@ -260,10 +260,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.faults.learner_recovery = "reconfigure"
 
   config.capacity = ml_collections.ConfigDict()
-  # Slices lent for a while (scavenging), ';'-separated, virtual seconds: "lend:slices=4,time=100,duration=300"
-  # lends 4 slices at t=100 for 300 s; "random:slices=4,gap=200,duration=300" is a seeded availability trace
-  # (absent for an exponential gap of mean 200 s, then lent for an exponential duration of mean 300 s, again and
-  # again). Each lent slice runs one more learner (current Θ, fresh inner state) until it is reclaimed; the
+  # Slices lent for a while (scavenging), ';'-separated, seconds of the run's clock (modeled or wall):
+  # "lend:slices=4,time=100,duration=300" lends 4 slices at t=100 for 300 s; "random:slices=4,gap=200,duration=300"
+  # is a seeded availability trace (absent for an exponential gap of mean 200 s, then lent for an exponential
+  # duration of mean 300 s, again and again). Each lent slice runs one more learner (current Θ, fresh inner state) until it is reclaimed; the
   # devices are shared among learners + lent slices (num_devices must divide). Needs data.assignment='service'.
   config.capacity.schedule = ""
 

@@ -36,7 +36,7 @@ class CapacityConfig:
   """Slices lent to the run for a while; each lent slice runs a new learner until it is reclaimed."""
 
   # ';'-separated items: "lend:slices=4,time=100,duration=300" and/or "random:slices=4,gap=200,duration=300"
-  # (virtual seconds; modes decoupled and diloco_sync; needs data.assignment='service'). Empty = a fixed set.
+  # (seconds of the run's clock; modes decoupled and diloco_sync; needs data.assignment='service'). Empty = a fixed set.
   schedule: tuple[Lend, ...] = ()
 
 

@@ -167,7 +167,7 @@ class Controller:
     devices, jobs = self.slices.devices, [(l, None) for l in self.learners if l.slices]
     lent = range(self.run.num_slices, self.run.num_slices + self.run.lent_slices)
     jobs += [(l, ((s,), [devices[s]])) for l in self.learners[self.run.learners:] for s in lent]
-    if len(self.learners[0].slices) > 1 and self.run.faults.learner_recovery == "reconfigure":
+    if self.run.slices_per_learner > 1 and self.run.faults.learner_recovery == "reconfigure":
       less = [(l, tuple(s for s in l.slices if s != j)) for l in self.learners if l.slices for j in l.slices]
       jobs += [(l, (kept, [devices[s] for s in kept])) for l, kept in less]
     with concurrent.futures.ThreadPoolExecutor(max(min(len(jobs), os.cpu_count() or 1), 1)) as pool:

@@ -32,7 +32,8 @@ _CHOICES = {"how": ("nan", "inf", "huge", "flip", "truncate"), "mode": ("delay",
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-  """One scheduled fault; `time` is virtual seconds, or `step` a learner's inner step (crash only)."""
+  """One scheduled fault; `time` is seconds of the run's clock (modeled or wall), or `step` a learner's inner step
+  (crash only)."""
 
   kind: str
   learner: int
