@@ -82,6 +82,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, se
   base = prepare(config)
   if base.faults.mtbi_chip_seconds <= 0:
     raise UsageError("--config.faults.mtbi_chip_seconds: allowed > 0 (the simulator draws the traces from it)")
+  if base.clock.kind != "virtual":  # (its DP rows model their faults' time; a real-time comparison is not built)
+    raise UsageError(f"--config.clock.kind={base.clock.kind}: allowed 'virtual' (the simulator's goodput is compared "
+                     "with the runtime's in modeled time; the DP baselines do not inject faults in wall time yet)")
   for m in learners:
     if m < 1 or slices % m:
       raise UsageError(f"--learners={m}: allowed divisors of --slices={slices} (each learner gets slices / M)")

@@ -1,11 +1,13 @@
 """The clocks on their own: event order, cancellation, modeled durations."""
 
 import concurrent.futures
+import time
 
+import jax
 import numpy as np
 import pytest
 
-from runtime.diloco.clock import Event, RealClock, VirtualClock
+from runtime.diloco.clock import Event, EventKind, RealClock, VirtualClock
 from runtime.config.run import ClockConfig
 
 
@@ -71,3 +73,31 @@ def test_real_clock_hands_back_work_in_the_order_it_finishes():
     clock.next_event()
   clock.close()
   assert np.isfinite(clock.now())
+
+
+def test_real_time_stands_still_until_the_run_resumes_it_and_a_link_takes_its_latency_and_bandwidths_time():
+  clock = RealClock(ClockConfig(kind="real", latency_s=0.3, bandwidth_bytes_per_s=1e9), num_learners=1, seed=0)
+  clock.after(0.05, Event("fault"))  # due 0.05 s into the run
+  time.sleep(0.1)  # (set-up and compiles: not the run's time)
+  assert clock.now() == 0.0
+  clock.resume()
+  assert clock.transfer_seconds(2e8) == pytest.approx(0.5)
+  at, event = clock.next_event()
+  assert event.kind == "fault" and at == pytest.approx(0.05) and 0.05 <= clock.now() < 0.09
+  clock.close()
+
+
+def test_a_real_stragglers_part_finishes_factor_times_as_long_after_it_began():
+  """A part that began 0.1 s ago and is done now is handed back 0.2 s later, at its start + 3 × 0.1 s."""
+  clock = RealClock(ClockConfig(kind="real"), num_learners=2, seed=0)
+  clock.resume()
+  done = jax.block_until_ready(jax.device_put(np.zeros(4)))
+  began, waited = clock.now() - 0.1, time.perf_counter()
+  finished = clock._finished_at(done, began, 3.0)  # pylint: disable=protected-access
+  assert finished == pytest.approx(began + 0.3, abs=0.02)
+  assert time.perf_counter() - waited >= 0.18 and clock.now() >= finished
+  clock.set_slowdown(1, 3.0)
+  clock.on_done(jax.device_put(np.zeros(4)), 0.0, Event(EventKind.PART_DONE, 0))  # not straggling: at once
+  at, event = clock.next_event()
+  assert event.learner == 0 and at <= clock.now() < at + 0.05
+  clock.close()
