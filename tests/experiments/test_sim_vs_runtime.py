@@ -66,3 +66,11 @@ def test_learners_that_do_not_divide_the_slices_are_refused_naming_the_flag(tiny
   tiny_config.faults.mtbi_chip_seconds = 1e5
   with pytest.raises(UsageError, match="--learners=3"):
     validation.run(tiny_config, None, [0], [3], 8, 1, 4.0, 10)
+
+
+def test_the_real_clock_is_refused_saying_why(tiny_config):
+  """The DP rows model their faults' time under either clock: a wall-time comparison would mix clocks."""
+  tiny_config.faults.mtbi_chip_seconds = 1e5
+  tiny_config.clock.kind = "real"
+  with pytest.raises(UsageError, match="clock.kind=real: allowed 'virtual'"):
+    validation.run(tiny_config, None, [0], [4], 8, 1, 4.0, 10)
