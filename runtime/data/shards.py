@@ -163,6 +163,10 @@ class _Failure:
     self.error = error
 
 
+class PrefetchInterrupted(RuntimeError):
+  """A batch was awaited from a prefetcher that was interrupted (its producer stopped)."""
+
+
 class Prefetcher:
   """Runs a ShardIterator (and `transform`, e.g. a device put) ahead in a daemon thread."""
 
@@ -188,7 +192,13 @@ class Prefetcher:
       raise self._error
     if self._thread is None:
       raise RuntimeError("Prefetcher is closed")
-    item = self._queue.get()
+    while True:
+      try:
+        item = self._queue.get(timeout=self._POLL_S)
+        break
+      except queue.Empty:
+        if self._stop_event.is_set():  # (interrupted: what it waits for, e.g. a lease given back, may never come)
+          raise PrefetchInterrupted("the prefetcher was interrupted while a batch was awaited") from None
     if isinstance(item, _Failure):
       self._error = item.error
       raise item.error
@@ -221,6 +231,12 @@ class Prefetcher:
   def close(self) -> None:
     """Stops the producer thread; idempotent."""
     self._stop()
+
+  def interrupt(self) -> None:
+    """Asks the producer to stop, without waiting: a caller of `next` then takes what is queued and, once it is
+    empty, raises PrefetchInterrupted instead of waiting. `restore` starts it again."""
+    if self._thread is not None:
+      self._stop_event.set()
 
   def _start(self) -> None:
     """Starts a producer at the inner iterator's position."""

@@ -48,15 +48,22 @@ class Stager:
   def stage_ahead(self, steps: int, sharding: jax.sharding.Sharding) -> None:
     """Starts staging the part expected next (a different request later falls back to staging then)."""
     if self._ahead is not None:  # staged and never taken: its data is served again
-      self._settle()
+      self._drop_ahead()
       self._data.restore(self.position)
     self._ahead = self._thread.submit(self._stage, steps, sharding)
 
   def restore(self, state: dict) -> None:
     """Serves the data from `state` on; anything staged is dropped."""
-    self._settle()
+    self._drop_ahead()
     self._data.restore(state)
     self.position = state
+
+  def _drop_ahead(self) -> None:
+    """What is staged ahead is not wanted: a staging still waiting for its batches (a leased stream whose leases
+    were given back, or not yet leased) is interrupted rather than awaited, which could be forever."""
+    if self._ahead is not None and not self._ahead.done():
+      self._data.interrupt()
+    self._settle()
 
   def close(self) -> None:
     self._settle()

@@ -108,3 +108,25 @@ def test_a_stager_on_a_leased_stream_serves_each_lease_once_across_restores():
   again = stager.take(1, sharding)
   np.testing.assert_array_equal(np.asarray(again.batches_HxBxT)[0], service.windows(np.array([4, 5])))
   stager.close()
+
+
+def test_a_stager_waiting_for_batches_never_leased_is_interrupted_when_they_are_dropped():
+  """Regression (a hang of the default suite): the part staged ahead waited for batches not leased yet; the learner
+  gave its leases back and restored its position, and the restore waited for that staging forever."""
+  service = DataService(_tokens(), seq_len=SEQ, seed=0)
+  stream = LeasedStream(service, batch_size=2, learner=0)
+  stager = Stager(stream, 2, "test")
+  import jax  # pylint: disable=g-import-not-at-top
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  stream.lease_through(2)
+  first = stager.take(2, sharding)
+  stager.stage_ahead(2, sharding)  # batches 2 and 3: not leased, so the staging waits
+  stream.give_back_from(2)
+  restoring = threading.Thread(target=stager.restore, args=(first.end,), daemon=True)
+  restoring.start()
+  restoring.join(5)
+  assert not restoring.is_alive(), "the restore waited for a staging that could never finish"
+  stream.lease_through(3)
+  again = stager.take(1, sharding)
+  np.testing.assert_array_equal(np.asarray(again.batches_HxBxT)[0], service.windows(stream.serials(2, 3)))
+  stager.close()
