@@ -13,6 +13,7 @@ import math
 import pytest
 
 from invariants import assert_data_accounted, assert_ranges_tile
+from test_trace_replay import _trace
 from runtime.experiments import modes
 from runtime.faults import replay
 from runtime.diloco import rounds as rounds_lib
@@ -35,44 +36,51 @@ def _base(config, clock):
   return config
 
 
-def _random_crashes(config):
+def _random_crashes(config, *_):
   config.faults.mtbi_chip_seconds = 0.8 * config.faults.chips_per_slice  # a slice fails every 0.8 s on average
 
 
-def _crash_and_straggler(config):
+def _crash_and_straggler(config, *_):
   config.faults.schedule = "crash:learner=1,time=0.5;straggler:learner=0,time=0.3,duration=0.6,factor=3"
 
 
-def _corrupt_report(config):
+def _corrupt_report(config, *_):
   config.faults.schedule = "corrupt:learner=1,time=0.4,how=nan"
 
 
-def _link_drop(config):
+def _link_drop(config, *_):
   config.faults.schedule = "link:learner=0,time=0.3,duration=0.6,mode=drop"
 
 
-def _lent_slices(config):
+def _lent_slices(config, *_):
   config.slices = 0
   config.data.assignment = "service"
   config.capacity.schedule = "lend:slices=2,time=0.3,duration=0.6"
 
 
-def _fragments(config):
+def _fragments(config, *_):
   config.fragments = 2
 
 
-def _several_slices(config):
+def _several_slices(config, *_):
   config.slices, config.slices_per_learner = 0, 2
   config.faults.reconfig_seconds = 0.1
   config.faults.schedule = "crash:learner=1,time=0.5,slice=1"
 
 
-def _compression(config):
+def _compression(config, *_):
   config.compression.up, config.compression.down = "int4", "int8"
+
+
+def _replayed_trace(config, tmp_path):
+  """The simulator's trace of learner 1's slice failing at 4 s and repaired at 7 s, replayed at a tenth of its time."""
+  config.faults.trace = _trace(tmp_path, {1: [[4.0, 7.0]]}, slices=4, learners=2, kind="decoupled")
+  config.faults.time_scale = 0.1
 
 
 FEATURES = {  # name: (settings, the fault records its plan leads to)
     "random_crashes": (_random_crashes, {"crash"}),
+    "replayed_trace": (_replayed_trace, {"crash", "rejoin"}),
     "crash_and_straggler": (_crash_and_straggler, {"crash", "straggler"}),
     "corrupt_report": (_corrupt_report, {"corrupt", "quarantine"}),
     "link_drop": (_link_drop, {"link", "link_drop"}),
@@ -92,6 +100,9 @@ def _planned(run, end):
       planned.append(("straggler", f.time + f.duration))
   for lend in run.capacity.schedule:
     planned += [("join", lend.time), ("leave", lend.time + lend.duration)]
+  if run.faults.trace:  # (its slices are the learners' own here: each failure crashes one)
+    faults = run.faults
+    planned += [("crash", at) for s in range(run.num_slices) for at, _ in replay.slice_failures(faults, s, run.seed)]
   return [(kind, at) for kind, at in planned if at < end - TOLERANCE_S]
 
 
@@ -138,7 +149,7 @@ SLOW = {("several_slices", "virtual"), ("several_slices", "real"), ("random_cras
 def test_a_feature_keeps_the_runs_invariants_under_either_clock(tiny_config, tmp_path, feature, clock):
   settings, kinds = FEATURES[feature]
   config = _base(tiny_config, clock)
-  settings(config)
+  settings(config, tmp_path)
   run = modes.prepare(config)
   result = modes.train(config, tmp_path)[0]
   _assert_nothing_lost(run, result)
