@@ -92,12 +92,16 @@ def test_the_prefetcher_waits_for_leases_and_stops_while_waiting():
   prefetcher.close()  # the producer waits for batch 1 (not leased): closing must not hang
 
 
-def test_a_stager_on_a_leased_stream_serves_each_lease_once_across_restores():
+def _leased_stager():
+  """A stager of learner 0's leased stream (nothing leased yet), and the sharding it stages onto."""
+  import jax  # pylint: disable=g-import-not-at-top
   service = DataService(_tokens(), seq_len=SEQ, seed=0)
   stream = LeasedStream(service, batch_size=2, learner=0)
-  stager = Stager(stream, 2, "test")
-  import jax  # pylint: disable=g-import-not-at-top
-  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return service, stream, Stager(stream, 2, "test"), jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
+def test_a_stager_on_a_leased_stream_serves_each_lease_once_across_restores():
+  service, stream, stager, sharding = _leased_stager()
   stream.lease_through(4)
   first = stager.take(2, sharding)
   stager.stage_ahead(2, sharding)
@@ -113,11 +117,7 @@ def test_a_stager_on_a_leased_stream_serves_each_lease_once_across_restores():
 def test_a_stager_waiting_for_batches_never_leased_is_interrupted_when_they_are_dropped():
   """Regression (a hang of the default suite): the part staged ahead waited for batches not leased yet; the learner
   gave its leases back and restored its position, and the restore waited for that staging forever."""
-  service = DataService(_tokens(), seq_len=SEQ, seed=0)
-  stream = LeasedStream(service, batch_size=2, learner=0)
-  stager = Stager(stream, 2, "test")
-  import jax  # pylint: disable=g-import-not-at-top
-  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  service, stream, stager, sharding = _leased_stager()
   stream.lease_through(2)
   first = stager.take(2, sharding)
   stager.stage_ahead(2, sharding)  # batches 2 and 3: not leased, so the staging waits
