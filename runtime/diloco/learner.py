@@ -222,8 +222,6 @@ class Learner:
     if self.book.status in (DOWN, ABSENT, FAILED) or delivery.round != self.book.round:
       return False
     self.inbox = delivery
-    if self.parts:  # adopted behind its parts: the next round's main part is staged now
-      self._data.stage_ahead(self.run.round_steps - self.run.overlap_steps, self.batch_sharding)
     return True
 
   def adopt(self, now: float) -> int:
