@@ -59,12 +59,19 @@ class SliceLifecycle:
     self.crashes.happened("slice", event.payload)
     owner = next((l for l in self.learners if event.payload in l.slices and l.status != DOWN), None)
     if not self._surfaces(owner, event):
-      self._policy.slice_crashed(event.payload)
+      self._crash_now(event, owner)
 
   def on_learner_crash(self, event: Event) -> None:
     self.crashes.happened("learner", event.learner)
     learner = self.learners[event.learner]
     if learner.status not in (DOWN, DONE, FAILED, ABSENT) and not self._surfaces(learner, event):
+      self._crash_now(event, learner)
+
+  def _crash_now(self, event: Event, learner: Learner | None) -> None:
+    """The crash `event` takes its slice (whoever runs on it) or its learner down now."""
+    if event.kind == EventKind.SLICE_CRASH:
+      self._policy.slice_crashed(event.payload)
+    else:
       repair = event.payload.repair if event.payload.repair >= 0 else None
       self._policy.learner_crashed(learner, event.payload.slice, repair)
 
@@ -82,11 +89,7 @@ class SliceLifecycle:
     """The crash armed in the learner's program took it down: handled as its event (slice or learner crash)."""
     event, armed_at = self._surfacing.pop(learner.index)
     self._detail[learner.index] = f"{how} (armed at t={armed_at:.2f})"
-    if event.kind in (EventKind.SLICE_CRASH, EventKind.SLICE_CRASH.value):
-      self._policy.slice_crashed(event.payload)
-    else:
-      repair = event.payload.repair if event.payload.repair >= 0 else None
-      self._policy.learner_crashed(learner, event.payload.slice, repair)
+    self._crash_now(event, learner)
 
   def take_detail(self, m: int) -> str:
     """How the learner's crash surfaced (real clock), for its fault record; "" if it did not surface."""

@@ -8,6 +8,7 @@ each way, so every round takes at least 0.1 s under either clock and fault times
 a run of about 2 s under both.
 """
 
+import itertools
 import math
 
 import pytest
@@ -121,16 +122,10 @@ def _assert_recorded(run, result, clock):
   for kind, at in _planned(run, end):
     assert _on_time(at, [f["time"] for f in faults if f["fault"] == kind], clock), (kind, at, faults)
   if run.faults.mtbi_chip_seconds:
-    trace = [at for s in range(run.num_slices) for at, _ in _until(replay.slice_failures(run.faults, s, run.seed), end)]
+    drawn = (replay.slice_failures(run.faults, s, run.seed) for s in range(run.num_slices))
+    trace = [at for failures in drawn for at, _ in itertools.takewhile(lambda f: f[0] <= end, failures)]
     for crash in (f for f in faults if f["fault"] == "crash"):
       assert any(_on_time(at, [crash["time"]], clock) for at in trace), (crash, trace)
-
-
-def _until(failures, end):
-  for at, repair in failures:
-    if at > end:
-      return
-    yield at, repair
 
 
 def _assert_nothing_lost(run, result):
