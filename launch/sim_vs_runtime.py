@@ -12,13 +12,14 @@ _SLICES = flags.DEFINE_integer("slices", 8, "Slices of the job (one simulated de
 _SPARES = flags.DEFINE_integer("spares", 1, "Hot spares of data-parallel and of restarting learners.")
 _HORIZON = flags.DEFINE_float("horizon_factor", 4.0, "Trace length over the failure-free time to the budget.")
 _INTERVAL = flags.DEFINE_integer("interval_seeds", 200, "Simulated traces behind the simulator's 95% range.")
+_DEVICES_PER_SLICE = flags.DEFINE_integer("devices_per_slice", 1, "Simulated CPU devices of each slice.")
 
 
 def main(argv: list[str]) -> None:
   del argv
   cli.launch("runtime.experiments.sim_vs_runtime:run", _CONFIG.value, _WORKDIR.value,
              cli.integers("seeds", _SEEDS.value), cli.integers("learners", _LEARNERS.value), _SLICES.value,
-             _SPARES.value, _HORIZON.value, _INTERVAL.value)
+             _SPARES.value, _HORIZON.value, _INTERVAL.value, _DEVICES_PER_SLICE.value)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ MUTATIONS = {
         "    self.lost_seconds += slice_seconds\n    self.useful_seconds += slice_seconds",
         "tests/integration/test_faults.py::test_goodput_counts_only_the_work_that_reached_theta"),
     "elastic_dp_never_pays_reconfiguration": (
-        "runtime/baselines/dp_faults.py", "t += f.reconfig_seconds", "t += 0.0",
+        "runtime/baselines/dp_faults.py", "clock.wait_until(t + f.reconfig_seconds)", "clock.wait_until(t)",
         "tests/integration/test_dp.py::test_elastic_dp_pays_a_reconfiguration_to_drop_and_to_readd_the_slice"),
     "overlap_overwritten_without_rewind": (
         "runtime/diloco/learner.py",

@@ -67,6 +67,7 @@ def problem(step_dir: pathlib.Path) -> str | None:
 def read(directory: pathlib.Path, step: int) -> tuple[dict[str, np.ndarray], dict]:
   """The arrays (NumPy, by key) and metadata of checkpoint `step` under `directory`, read without changing
   anything there (a running run's directory included); DataError if it is missing or not sound."""
+  directory = pathlib.Path(directory).resolve()  # (orbax reads only absolute paths)
   steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
   if step not in steps:
     raise DataError(f"no checkpoint {step} under {directory}: allowed one of {steps}" if steps else

@@ -44,8 +44,12 @@ class SlicePool:
 
   def crashed(self, slice_index: int) -> None:
     """A learner's program failed with its slice; the slice goes into repair."""
-    self._crashed.add(slice_index)
+    self.program_failed_on(slice_index)
     self._repairing.add(slice_index)
+
+  def program_failed_on(self, slice_index: int) -> None:
+    """A failed program ran on the slice: its devices are settled at the run's end (injection.settle)."""
+    self._crashed.add(slice_index)
 
   def failed_idle(self, slice_index: int) -> None:
     """A slice no learner was training on failed: a spare is lost for the repair, and a learner it

@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
 from runtime.cluster import devices as devices_lib
+from runtime.cluster import multislice
 from runtime.config.run import RunConfig
 from runtime.errors import TrainingDiverged
 from runtime.diloco.clock import Event, EventKind, make_clock
@@ -163,7 +164,9 @@ class Controller:
     """Under the real clock, every placed learner compiles its programs before the first part is dispatched (on
     threads: compilation releases the GIL), so that no device idles while the controller compiles another's; so
     does every learner of lent capacity on each slice it may be lent, and a learner of several slices that
-    reconfigures on its own less each one it may lose (a compile when it joins or shrinks would stall the run)."""
+    reconfigures on its own less each one it may lose (a compile when it joins or shrinks would stall the run).
+    The multislice support is imported here too, not when the first error is classified or slice repaired."""
+    multislice.installed()  # (pathwaysutils imports in about a second: not at the first crash or repair)
     devices, jobs = self.slices.devices, [(l, None) for l in self.learners if l.slices]
     lent = range(self.run.num_slices, self.run.num_slices + self.run.lent_slices)
     jobs += [(l, ((s,), [devices[s]])) for l in self.learners[self.run.learners:] for s in lent]

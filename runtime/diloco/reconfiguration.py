@@ -66,6 +66,8 @@ class SeveralSlices:
     """The learner's slices `lost` failed: they go into repair, it asks for as many back, and it reconfigures onto
     the slices left or goes down (restart, or none left)."""
     m, f = learner.index, self._run.faults
+    for s in learner.slices if set(lost) & set(learner.slices) else ():
+      self._pool.program_failed_on(s)  # (the failed program ran on every slice the learner trained on)
     for s in lost:
       self._pool.take_back(m, s)
       self._pool.crashed(s)

@@ -151,10 +151,17 @@ class RunLog:
                     bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down,
                     bytes_per_report=self.links.bytes_up / max(self.links.reports_up, 1),
                     bytes_per_token=(self.links.bytes_up + self.links.bytes_down) / max(self.tokens_merged, 1),
-                    **traffic(self.links, self.tokens_merged)),
+                    **traffic(self.links, self.tokens_merged), **self._real_time(learners, now)),
         details=dict(busy=busy, device_idle=idle, intervals=intervals, merge_times=[m["time"] for m in self.merges],
                      merged_ranges=list(self.merged_ranges), faults=list(self.faults),
                      completions=[list(l.completions) for l in learners]))
+
+  def _real_time(self, learners: Sequence[Learner], now: float) -> dict:
+    """Under the real clock: the run's seconds (from its first part) and the mean wall seconds of an inner step."""
+    if self.run.clock.kind != "real":
+      return {}
+    steps, busy = sum(l.book.total_steps for l in learners), sum(l.book.busy_seconds for l in learners)
+    return dict(run_seconds=now, step_seconds=busy / steps if steps else math.nan)
 
 
 def traffic(links: Links, tokens: int) -> dict:

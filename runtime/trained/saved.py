@@ -60,6 +60,7 @@ def save(directory: pathlib.Path, run: RunConfig, params: PyTree, *, run_name: s
   replacing one there, atomically; returns it."""
   params = jax.device_get(params)
   tokenizer, source = data_tokenizer(run.data.path)
+  directory = pathlib.Path(directory).resolve()  # (orbax writes only to absolute paths)
   tmp = directory.with_name(f".{directory.name}.{os.getpid()}.tmp")
   shutil.rmtree(tmp, ignore_errors=True)
   tmp.mkdir(parents=True)

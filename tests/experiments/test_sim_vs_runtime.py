@@ -68,9 +68,28 @@ def test_learners_that_do_not_divide_the_slices_are_refused_naming_the_flag(tiny
     validation.run(tiny_config, None, [0], [3], 8, 1, 4.0, 10)
 
 
-def test_the_real_clock_is_refused_saying_why(tiny_config):
-  """The DP rows model their faults' time under either clock: a wall-time comparison would mix clocks."""
-  tiny_config.faults.mtbi_chip_seconds = 1e5
+@pytest.mark.slow  # four real-clock runs, ~75 s on 2 cores; the real-clock DP and chaos runs are in the default suite
+def test_under_the_real_clock_dp_and_decoupled_replay_their_traces_in_wall_time_with_their_overheads_measured(
+    tiny_config):
+  tiny_config.faults.mtbi_chip_seconds = 40.0 * 256  # a failure per slice every 40 modeled seconds
+  tiny_config.faults.repair_seconds = 15.0
+  tiny_config.faults.reconfig_seconds = 2.0
+  tiny_config.faults.restart_checkpoint_every = 5
+  tiny_config.total_steps = 30
+  tiny_config.eval_every = 30
+  tiny_config.outer.quorum = 1
   tiny_config.clock.kind = "real"
-  with pytest.raises(UsageError, match="clock.kind=real: allowed 'virtual'"):
-    validation.run(tiny_config, None, [0], [4], 8, 1, 4.0, 10)
+  rows = validation.run(tiny_config, None, [0], [2], 4, 1, 4.0, 10)
+  assert [r["setup"] for r in rows] == ["data-parallel", "Decoupled M=2"]  # (no elastic DP in wall time)
+  for row in rows:
+    assert row["failures"] >= 1  # the trace tests something
+    assert row["wall_step_ms"] > 0 and 0 < row["runtime_calm"] <= 100
+    assert 0 < row["runtime"] <= 110 and row["sim_lo95"] <= row["sim_hi95"]
+
+
+def test_scaling_a_run_onto_wall_time_scales_its_trace_and_every_fault_cost(tiny_config):
+  run = with_fields(prepare(tiny_config), {"faults.restart_seconds": 20.0, "faults.reconfig_seconds": 5.0,
+                                           "faults.spare_swap_seconds": 3.0})
+  f = validation.scaled(run, 0.01).faults
+  assert (f.time_scale, f.restart_seconds, f.reconfig_seconds, f.spare_swap_seconds) == pytest.approx(
+      (0.01, 0.2, 0.05, 0.03))

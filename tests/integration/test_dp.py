@@ -91,3 +91,67 @@ def test_dp_restart_restores_its_checkpoint_from_disk_and_ends_as_if_never_crash
   calm = _run(one_crash)
   assert calm.extras["restores"] == 0
   jax.tree.map(np.testing.assert_array_equal, crashed.params, calm.params)
+
+
+@pytest.fixture
+def wall_crash(tiny_config, monkeypatch):
+  """The real clock; slice 1 fails as the job starts (its first step's program fails) and is back 0.3 s later."""
+  monkeypatch.setattr(plan, "crash_times",
+                      lambda cfg, s, seed: iter([(0.0, 0.3)] if s == 1 and cfg.mtbi_chip_seconds else []))
+  tiny_config.faults.mtbi_chip_seconds = 1.0  # (its trace is the one above)
+  tiny_config.clock.kind = "real"
+  tiny_config.total_steps = 12
+  tiny_config.faults.restart_seconds = 0.2
+  tiny_config.faults.reconfig_seconds = 0.1
+  tiny_config.faults.restart_checkpoint_every = 4
+  return tiny_config
+
+
+def _crash_records(result):
+  return [r for r in result.records if r["kind"] == "fault"]
+
+
+def test_under_the_real_clock_dp_restart_fails_by_a_device_error_waits_in_wall_time_and_ends_as_if_never_crashed(
+    wall_crash, tmp_path, monkeypatch):
+  wall_crash.mode = "dp_restart"
+  crashed = _run(wall_crash, tmp_path)
+  [fault] = _crash_records(crashed)
+  assert fault["slice"] == 1 and fault["time"] == 0.0 and "SliceCrash" in fault["error"]  # a genuine device error
+  assert crashed.extras["restores"] == 1
+  # Down from the failure until the repair (0.3 s), then the restart (0.2 s): no step before 0.5 s of wall time.
+  first = min(r["time"] for r in crashed.records if r["kind"] == "train")
+  assert first >= 0.5
+  assert crashed.extras["run_seconds"] >= first and crashed.extras["goodput"] < 1 - 0.5 / crashed.extras["run_seconds"]
+  monkeypatch.setattr(plan, "crash_times", lambda cfg, s, seed: iter([]))
+  calm = _run(wall_crash)
+  assert calm.extras["restores"] == 0 and not _crash_records(calm)
+  jax.tree.map(np.testing.assert_array_equal, crashed.params, calm.params)  # nothing lost, nothing trained twice
+
+
+def test_under_the_real_clock_elastic_dp_drops_the_failed_slice_and_takes_it_back_after_its_repair(wall_crash):
+  wall_crash.mode = "dp_elastic"
+  wall_crash.total_steps = 400  # long enough in wall time for slice 1's repair (0.3 s) to end before the budget
+  wall_crash.log_every = 1
+  result = _run(wall_crash)
+  [fault] = _crash_records(result)
+  assert fault["slice"] == 1 and "SliceCrash" in fault["error"]
+  trained = [(r["time"], r["slices"]) for r in result.records if r["kind"] == "train"]
+  assert trained[0][1] == 3 and trained[0][0] >= 0.1  # on the survivors, after the reconfiguration
+  back = [at for at, slices in trained if slices == 4]
+  assert back and back[0] >= 0.3 + 0.1  # the repaired slice rejoins after its repair and another reconfiguration
+  assert result.tokens >= wall_crash.total_steps * wall_crash.data.batch_size * wall_crash.data.seq_len  # the budget
+
+
+def test_the_chaos_comparison_runs_every_mode_on_one_wall_clock_trace_with_real_failures(wall_crash):
+  wall_crash.learners = 4
+  results = {r.run: r for r in modes.chaos(wall_crash, None)}
+  assert list(results) == ["decoupled", "dp_elastic", "dp_restart", "decoupled_no_faults"]
+  for name in ("dp_elastic", "dp_restart"):
+    [fault] = _crash_records(results[name])
+    assert fault["slice"] == 1 and "SliceCrash" in fault["error"]
+  faults = [(f["fault"], f["learner"]) for f in results["decoupled"].details["faults"]]
+  assert faults == [("crash", 1), ("rejoin", 1)]  # (at 0 no program is in flight yet: it fails at once)
+  assert results["decoupled_no_faults"].extras["faults"] == 0
+  for result in results.values():
+    assert result.time_kind == "wall" and result.extras["run_seconds"] > 0 and 0 < result.extras["goodput"] <= 1
+    assert result.tokens >= wall_crash.total_steps * wall_crash.data.batch_size * wall_crash.data.seq_len

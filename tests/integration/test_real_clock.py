@@ -74,3 +74,20 @@ def test_evaluating_after_every_merge_does_not_idle_the_learners(tiny_config):
   busy(10_000)  # compiles every program first
   never, every = zip(*((busy(10_000), busy(1)) for _ in range(2)))  # alternating: the host's load hits both
   assert np.mean(every) >= np.mean(never) - 0.02, (never, every)
+
+
+def test_the_multislice_support_is_imported_before_the_real_clock_starts(tiny_config, monkeypatch):
+  """pathwaysutils takes about a second to import: at the first error classified or slice repaired, the run stalled."""
+  from runtime.cluster import multislice  # pylint: disable=g-import-not-at-top
+  from runtime.diloco import clock as clock_lib  # pylint: disable=g-import-not-at-top
+  multislice._elastic.cache_clear()  # pylint: disable=protected-access
+  looked_up_at_start = []
+  resume = clock_lib.RealClock.resume
+
+  def recording_resume(clock):
+    looked_up_at_start.append(multislice._elastic.cache_info().currsize)  # pylint: disable=protected-access
+    resume(clock)
+
+  monkeypatch.setattr(clock_lib.RealClock, "resume", recording_resume)
+  _real(tiny_config)
+  assert looked_up_at_start[0] == 1

@@ -119,3 +119,13 @@ def test_evaluate_scores_a_model_whose_path_holds_a_comma_as_run_names_do(traine
   out = launch("evaluate", f"--model={model}", "--max_windows=8", "--progress=false", cwd=tmp_path)
   assert out.returncode == 0, out.stderr[-2000:]
   assert str(model) in out.stdout
+
+
+def test_a_run_in_a_relative_workdir_saves_its_model_there(make_tiny_config, tmp_path, monkeypatch):
+  """The launchers' default workdirs are relative (workdirs/...); orbax writes only to absolute paths."""
+  monkeypatch.chdir(tmp_path)
+  config = make_tiny_config()
+  config.total_steps = 4
+  result = modes.train(config, "workdirs/relative")[0]
+  _, params, _ = load_model(tmp_path / "workdirs" / "relative" / "decoupled")
+  assert _equal(params, result.params)

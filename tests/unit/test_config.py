@@ -184,12 +184,3 @@ def test_the_models_tensor_count_is_that_of_its_parameter_tree(layers, positions
   from models.config import ModelConfig  # pylint: disable=g-import-not-at-top
   cfg = dataclasses.replace(ModelConfig(), num_layers=layers, positions=positions)
   assert cfg.num_tensors() == len(jax.tree.leaves(lm.abstract_params(cfg)))
-
-
-def test_the_chaos_comparison_under_the_real_clock_is_refused_saying_why(tiny_config):
-  """Decoupled DiLoCo's faults act in wall time there, the DP baselines' in modeled time: not comparable (yet)."""
-  from runtime.errors import UsageError  # pylint: disable=g-import-not-at-top
-  from runtime.experiments import modes  # pylint: disable=g-import-not-at-top
-  tiny_config.clock.kind = "real"
-  with pytest.raises(UsageError, match=r"clock.kind=real: allowed 'virtual' for launch.chaos"):
-    modes.chaos(tiny_config, None)

@@ -143,3 +143,13 @@ def test_a_lent_slice_that_failed_while_not_lent_leaves_its_learner_down_and_is_
   assert not h.slices.lend(2, h.learners[2]) and h.learners[2].status == DOWN
   assert h.slices.lend(3, h.learners[3]) and h.learners[3].status == WAITING
   assert h.slices.reclaim(2) == 2 and h.slices.lent_snapshot() == [(3, 3)]
+
+
+def test_a_learner_of_two_slices_losing_one_has_both_settled_at_the_end_its_failed_program_ran_on_both(
+    two_slice_learners):
+  """A device error's token stays on every device of the failed program; one left unsettled raises at exit."""
+  h = _Harness(two_slice_learners, lambda m: (2 * m, 2 * m + 1))
+  (_, kind, m, fault), = timed_events(h.run.faults.schedule)
+  h.slices.on_learner_crash(Event(kind, m, fault))
+  assert h.slices.pool.take_crashed() == [2, 3]
+  assert h.slices.pool.is_repairing(3) and not h.slices.pool.is_repairing(2)  # slice 2 trains on
