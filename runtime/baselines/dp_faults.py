@@ -145,12 +145,11 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
         clock.step_s = step_s
         state = jax.device_put(state, state_sh)
       crash_s = failures.next_slice()
-      in_use = crash_s in (alive if elastic else full)
+      in_use = crash_s in alive  # (the slices at work: all of them without elasticity)
       if clock.fails_in_step(failures.next_time()):
         detail = {}
         if clock.real and in_use:  # the job's next step fails with a device error
-          used = alive if elastic else full
-          error = _failing_step(step_fn, state, streams, used, mesh, injector, [d for s in used for d in slices[s]])
+          error = _failing_step(step_fn, state, streams, alive, mesh, injector, [d for s in alive for d in slices[s]])
           detail = dict(surfaced=clock.now(), error=error)
         clock.wait_until(failures.next_time())
         failures.fail(crash_s, detail)
@@ -171,10 +170,10 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
           stream.restore(pos)
         continue
       started = clock.now()
-      batch = np.concatenate([next(streams[s]) for s in (alive if elastic else full)])
+      batch = np.concatenate([next(streams[s]) for s in alive])
       state, metrics = step_fn(state, jax.device_put(batch, NamedSharding(mesh, P("data"))))
       seconds = clock.stepped(started, (state, metrics))
-      n = len(alive if elastic else full)
+      n = len(alive)
       steps += 1
       tokens += n * tokens_per_slice_step
       useful += n * seconds

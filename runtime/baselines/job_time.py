@@ -60,6 +60,7 @@ class WallTime:
   """Wall seconds from `start` (after the compiles), less the time set aside for evaluation."""
 
   real = True
+  step_s = 0.0  # (unread: a step takes as long as its program runs)
 
   def __init__(self, total_steps: int):
     self._total_steps = total_steps
