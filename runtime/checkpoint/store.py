@@ -11,12 +11,18 @@ the run is refused (a fresh start must be asked for, with resume=False), never s
 `save` copies the arrays on the caller's thread (orbax's blocking part); `save_async` hands a function that gathers
 the arrays and metadata to a saver thread, so the caller waits for nothing unless the previous save is still
 gathering (then it waits for it: no save is ever skipped).
+
+Orbax numbers its save operations with one counter per process and keys each save's background signals by it, so
+two saves started at once from two threads (a checkpoint on the saver thread, a model on the controller's) can wait
+on each other's signals until a 300 s timeout, or rename each other's temporary directories. `ORBAX_SAVES` makes
+every orbax save of the process start one at a time; the writes still proceed in the background.
 """
 
 import concurrent.futures
 import hashlib
 import pathlib
 import shutil
+import threading
 import time
 from typing import Any, Callable
 
@@ -29,6 +35,7 @@ from runtime.errors import DataError
 
 DIGEST = "digest.sha256"
 PyTree = Any
+ORBAX_SAVES = threading.Lock()  # held while an orbax save starts (see above)
 
 
 def _digest(step_dir: pathlib.Path) -> str:
@@ -125,8 +132,10 @@ class Checkpoints:
 
   def _save(self, step: int, state: PyTree, meta: dict) -> None:
     self._verify_committed()
-    if not self._manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state),
-                                                            meta=ocp.args.JsonSave(meta))):
+    with ORBAX_SAVES:
+      saved = self._manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state),
+                                                               meta=ocp.args.JsonSave(meta)))
+    if not saved:
       raise RuntimeError(f"checkpoint {self.directory / str(step)} was not saved: steps must exceed the newest, "
                          f"{self._manager.latest_step()}")
     self._unverified.append(step)

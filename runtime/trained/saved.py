@@ -64,7 +64,7 @@ def save(directory: pathlib.Path, run: RunConfig, params: PyTree, *, run_name: s
   tmp = directory.with_name(f".{directory.name}.{os.getpid()}.tmp")
   shutil.rmtree(tmp, ignore_errors=True)
   tmp.mkdir(parents=True)
-  with ocp.StandardCheckpointer() as checkpointer:
+  with store.ORBAX_SAVES, ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(tmp / "params", params)
     checkpointer.wait_until_finished()
   if tokenizer.file is not None:

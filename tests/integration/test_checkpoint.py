@@ -7,16 +7,21 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from orbax.checkpoint._src.futures import synchronization
+from orbax.checkpoint._src.multihost import multihost as orbax_multihost
 
 from launcher import FAST, REPO, launch
 from runtime.checkpoint.store import DIGEST, Checkpoints
+from runtime.config.run import from_config_dict
 from runtime.errors import DataError
 from runtime.reporting.metrics import read_jsonl
+from runtime.trained import saved
 
 DP = ["--config=smoke", *FAST, "--config.mode=dp", "--config.total_steps=12", "--config.eval_every=3",
       "--config.log_every=1", "--config.checkpoint_every=2"]
@@ -67,7 +72,9 @@ def test_a_damaged_latest_checkpoint_is_skipped_with_a_warning_naming_it(tmp_pat
 
 
 def test_with_checkpoints_none_of_them_sound_the_restore_is_refused_listing_each_and_nothing_is_moved(tmp_path):
-  assert Checkpoints(tmp_path).restore_latest({"w": jnp.zeros((64,))}) is None  # no checkpoint: a fresh start
+  fresh = Checkpoints(tmp_path)
+  assert fresh.restore_latest({"w": jnp.zeros((64,))}) is None  # no checkpoint: a fresh start
+  fresh.close()
   _save_three(tmp_path)
   for step in (1, 2, 3):
     (tmp_path / str(step) / DIGEST).write_text("0" * 64 + "\n")
@@ -220,3 +227,49 @@ def test_a_byte_flipped_deep_inside_a_large_file_makes_the_checkpoint_skipped(tm
   biggest.write_bytes(bytes(data))
   step, state, _ = Checkpoints(tmp_path).restore_latest(like)
   assert step == 1 and np.all(np.asarray(state["w"]) == 1.0)
+
+
+def test_a_model_saved_while_checkpoints_are_saved_on_another_thread_breaks_neither(make_tiny_config, tmp_path,
+                                                                                  monkeypatch):
+  """Orbax keys each save's background signals by one counter per process: a model save (`save_model_every`, the
+  controller's thread) started while a checkpoint save started on another thread (the saver's) waited 300 s for a
+  signal sent under the other's number, or renamed the other's temporary directory."""
+  monkeypatch.setattr(orbax_multihost, "_DEFAULT_BARRIER_TIMEOUT", 10)  # a lost signal fails in 10 s, not 300
+  run = from_config_dict(make_tiny_config())
+  numbered = synchronization.OperationIdGenerator.next_operation_id.__func__
+
+  def slowly_numbered(cls):  # widens the window in which another thread's save can take the next number
+    number = numbered(cls)
+    time.sleep(0.05)
+    return number
+
+  monkeypatch.setattr(synchronization.OperationIdGenerator, "next_operation_id", classmethod(slowly_numbered))
+  errors, rounds = [], 20
+
+  def checkpointing():
+    checkpoints = Checkpoints(tmp_path / "checkpoints", keep=2)
+    try:
+      for step in range(1, rounds + 1):
+        checkpoints.save(step, {"w": jnp.full((64,), float(step))}, {"step": step})
+      checkpoints.flush()
+    except Exception as error:  # pylint: disable=broad-except
+      errors.append(error)
+    finally:
+      checkpoints.close(quiet=True)
+
+  def modelling():
+    try:
+      for merge in range(rounds):
+        saved.save(tmp_path / "models" / f"merge-{merge}", run, {"w": np.full((64,), float(merge), np.float32)},
+                   run_name="concurrent", tokens=merge, eval_loss=1.0, merge=merge)
+    except Exception as error:  # pylint: disable=broad-except
+      errors.append(error)
+
+  threads = [threading.Thread(target=checkpointing), threading.Thread(target=modelling)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert not errors, errors
+  assert Checkpoints(tmp_path / "checkpoints").steps() == [rounds, rounds - 1]
+  assert all((tmp_path / "models" / f"merge-{m}" / "params").is_dir() for m in range(rounds))
