@@ -82,8 +82,8 @@ def read(directory: pathlib.Path, step: int) -> tuple[dict[str, np.ndarray], dic
   why = problem(directory / str(step))
   if why is not None:
     raise DataError(f"checkpoint {directory / str(step)} cannot be read: {why}")
-  with ocp.CheckpointManager(directory, handler_registry=_handlers(),
-                             options=ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False)) as manager:
+  options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False)
+  with ocp.CheckpointManager(directory, handler_registry=_handlers(), options=options) as manager:
     meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
     like = {k: np.empty(shape, dtype) for k, (shape, dtype) in meta["arrays"].items()}
     arrays = manager.restore(step, args=ocp.args.Composite(state=restore_args(like))).state
