@@ -79,13 +79,43 @@ def programs(model: ModelConfig, inner: InnerOptConfig, total_steps: int, checke
   """A learner's round program, its round program that also copies the report, and its state's init: jitted once
   per process for each model, inner optimizer, learner mesh and state keeping, and shared by every run that trains
   them (a sweep, a comparison, the tests), so a run after the first traces and compiles none of them again. With
-  `checked_learner` every inner step checks for an injected crash of that learner (through injection.ROUTER)."""
+  `checked_learner` the part checks for an injected crash of that learner (through injection.ROUTER): at every inner
+  step, or on a mesh of one device at the part's end (see `_checked_at_end`)."""
   tx = inner_optimizer(inner, total_steps)
-  hook = injection.device_check(injection.ROUTER, checked_learner, mesh) if checked_learner is not None else None
+  checked = checked_learner is not None
+  per_step = checked and mesh.devices.size > 1
+  hook = injection.device_check(injection.ROUTER, checked_learner, mesh) if per_step else None
   donate = () if keep else 0
-  return (jax.jit(make_round(model, tx, hook), donate_argnums=donate),
-          jax.jit(make_round(model, tx, hook, copy_params=True), donate_argnums=donate),
-          jax.jit(lambda p, step: init_state(p, tx, step)))
+  rounds = (jax.jit(make_round(model, tx, hook), donate_argnums=donate),
+            jax.jit(make_round(model, tx, hook, copy_params=True), donate_argnums=donate))
+  if checked and not per_step:
+    gate = _end_check(checked_learner, mesh)
+    rounds = tuple(_checked_at_end(program, gate) for program in rounds)
+  return (*rounds, jax.jit(lambda p, step: init_state(p, tx, step)))
+
+
+def _end_check(learner: int, mesh: Mesh) -> Callable:
+  """A program that checks for the learner's injected crash at the last inner step of the part whose outputs it
+  takes, and returns them (donated: the same buffers)."""
+  check = injection.device_check(injection.ROUTER, learner, mesh)
+
+  def passed(outputs):
+    state = outputs[0]
+    return (state.replace(step=check(state.step - 1) + 1), *outputs[1:])
+
+  return jax.jit(passed, donate_argnums=0)
+
+
+def _checked_at_end(program: Callable, gate: Callable) -> Callable:
+  """The part `program` without a host call, then the `gate` that checks it.
+
+  XLA:CPU runs a one-device program that calls the host on the thread that dispatches it, whenever its inputs are
+  ready (`python -m launch.bench_dispatch`): a part checked at every inner step would then train on the controller's
+  thread. The part alone is dispatched asynchronously, and the gate waits for its outputs, so neither holds the
+  caller. An armed crash fails the gate, and with it every output of the part, at the part's end rather than at the
+  armed step: the device error surfaces the same way, at most a part later.
+  """
+  return lambda state, batches: gate(program(state, batches))
 
 
 def moved(tree: PyTree, mesh: Mesh) -> PyTree:
