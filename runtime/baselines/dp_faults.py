@@ -109,12 +109,9 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
         f, len(slices), active, run.seed, elastic,
         lambda s, at, detail: logger.log("fault", dict(fault="crash", slice=s, time=at, **detail)))
 
-    def save():
-      meta = dict(data=[s.state() for s in streams], tokens=tokens)
-      if injector is None:  # the next step donates the state's buffers: they are copied before it runs
-        ckpts.save(steps, state, meta)
-      else:  # real clock, no donation: copied and written on the saver thread while the job trains on
-        ckpts.save_async(steps, lambda saved=state: (saved, meta))
+    def save():  # copied to the host now (the next step may donate the state), written on the saver thread
+      host, meta = jax.device_get(state), dict(data=[s.state() for s in streams], tokens=tokens)
+      ckpts.save_async(steps, lambda: (host, meta))
     if not elastic:
       save()
 

@@ -1,5 +1,6 @@
 """Benchmark: does dispatching a learner's part return before the part ends? On one simulated CPU device and on two,
-with and without the crash check that fault injection puts in every inner step (a host callback).
+with and without the crash check that fault injection adds (a host callback: at every inner step on two or more
+devices, at the part's end on one).
 
 The part is the learners' own round program (`runtime/diloco/placement.py`, `programs`) on the smoke config's
 model, H inner steps on zero batches. For each case the table gives the median over `repeats` parts of the seconds

@@ -20,6 +20,7 @@ from launcher import FAST, REPO, launch
 from runtime.checkpoint.store import DIGEST, Checkpoints
 from runtime.config.run import from_config_dict
 from runtime.errors import DataError
+from runtime.experiments import modes
 from runtime.reporting.metrics import read_jsonl
 from runtime.trained import saved
 
@@ -196,13 +197,15 @@ def test_a_different_config_in_the_workdir_is_refused_naming_the_fields(tmp_path
   assert json.loads((run_dir / "run.json").read_text())["config"]["inner"]["lr"] == 0.003  # untouched
 
 
-def test_a_mode_that_cannot_resume_yet_starts_afresh_beside_the_earlier_run_and_deletes_nothing(tmp_path):
-  args = ["--config=smoke", *FAST, f"--workdir={tmp_path}"]
-  assert launch("train", *args, cwd=tmp_path).returncode == 0
+def test_a_mode_that_cannot_resume_yet_starts_afresh_beside_the_earlier_run_and_deletes_nothing(tiny_config, tmp_path,
+                                                                                                 capsys):
+  tiny_config.total_steps = 4
+  modes.train(tiny_config, tmp_path)
   (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
   before = (run_dir / "metrics.jsonl").read_text()
-  again = launch("train", *args, cwd=tmp_path)
-  assert again.returncode == 0 and "cannot resume" in again.stdout
+  capsys.readouterr()
+  modes.train(tiny_config, tmp_path)
+  assert "cannot resume" in capsys.readouterr().out
   assert (run_dir / "metrics.jsonl").read_text() == before
   assert (tmp_path / f"{run_dir.name}.2" / "metrics.jsonl").exists()
 
