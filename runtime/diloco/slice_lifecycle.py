@@ -81,7 +81,7 @@ class SliceLifecycle:
     (the virtual clock models the crash's time and arms its step at dispatch: `arm_crash`)."""
     if self.run.clock.kind != "real" or self.injector is None or learner is None or not learner.parts:
       return False
-    self.injector.arm(learner.index, 0)
+    self.injector.arm_next(learner.index)
     self._surfacing[learner.index] = (event, self.clock.now())
     return True
 
@@ -114,8 +114,8 @@ class SliceLifecycle:
     """
     if self.injector is None:
       return None
-    if learner.index in self._surfacing:  # (real clock) its crash fails this part at its first step
-      self.injector.arm(learner.index, 0)
+    if learner.index in self._surfacing:  # (real clock) its crash fails this part (or one still in flight) now
+      self.injector.arm_next(learner.index)
       return None
     now = self.clock.now()
     crash = self.crashes.in_round(learner.index, learner.slices, learner.total_steps, steps, now, modeled)

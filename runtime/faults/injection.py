@@ -10,6 +10,7 @@ raises there, every time: it is no lost slice.
 
 import contextlib
 import logging
+import threading
 from typing import Any, Iterator, Sequence
 
 import jax
@@ -22,6 +23,7 @@ from runtime.cluster import multislice
 from runtime.faults.plan import Fault, program_bug
 
 PyTree = Any
+_NEVER = np.iinfo(np.int64).max
 
 
 class SliceCrash(RuntimeError):
@@ -44,20 +46,37 @@ class Injector:
     callbacks = logging.getLogger("jax._src.callback")
     if not any(isinstance(f, _InjectedCrashesUnlogged) for f in callbacks.filters):
       callbacks.addFilter(_InjectedCrashesUnlogged())
-    self._armed = [np.iinfo(np.int64).max] * num_learners
+    self._lock = threading.Lock()  # (checks run on the devices' threads, arming on the controller's)
+    self._armed = [_NEVER] * num_learners
+    self._reached = [-1] * num_learners  # the furthest inner step any device of the learner's programs checked
     self._schedule = tuple(schedule)
 
   def arm(self, learner: int, step: int | None) -> None:
-    """The learner's program raises when it reaches inner step `step` (its global step count); None disarms."""
-    self._armed[learner] = np.iinfo(np.int64).max if step is None else step
+    """The learner's program raises when it reaches inner step `step` (its global step count); None disarms. For a
+    program not yet dispatched: one in flight may have devices on either side of `step` (see `arm_next`)."""
+    with self._lock:
+      self._armed[learner] = _NEVER if step is None else step
+
+  def arm_next(self, learner: int) -> None:
+    """Arms the learner's programs in flight to raise at the inner step after the furthest any of their devices has
+    checked. Every device of a program then raises at that same step: armed at a step that one device had passed and
+    another not, the second would raise while the first waited for it, forever, in that step's collective."""
+    with self._lock:
+      self._armed[learner] = self._reached[learner] + 1
 
   def disarm(self, learner: int) -> None:
-    self._armed[learner] = np.iinfo(np.int64).max
+    """Nothing armed; the learner's programs are gone (its next may start at a lower step, after a rejoin)."""
+    with self._lock:
+      self._armed[learner], self._reached[learner] = _NEVER, -1
 
   def check(self, learner: int, step: np.ndarray) -> None:
-    """Host callback run at every inner step of an armed-capable program."""
-    if int(step) >= self._armed[learner]:
-      raise SliceCrash(f"injected crash of learner {learner}'s slice at inner step {int(step)}")
+    """Host callback run by every device at every inner step of an armed-capable program."""
+    step = int(step)
+    with self._lock:
+      self._reached[learner] = max(self._reached[learner], step)
+      fails = step >= self._armed[learner]
+    if fails:
+      raise SliceCrash(f"injected crash of learner {learner}'s slice at inner step {step}")
 
   def check_program(self, learner: int, now: float) -> None:
     """Raises the learner's scheduled program bug, if one is due by `now` (called at every dispatch)."""

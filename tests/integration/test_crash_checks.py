@@ -74,3 +74,23 @@ def test_a_crash_armed_at_a_parts_step_fails_it_as_a_lost_slice_and_one_past_its
         assert int(state.step) == STEPS
     finally:
       injection.settle(injector, [jax.devices()[:1]])
+
+
+def test_a_crash_armed_while_a_program_runs_fails_every_device_at_the_same_step():
+  """Armed at wall time while a learner's program of two devices ran, a crash at "the next step" made the device
+  checking after the arming raise at a step the other had already passed: that one then waited for it in the step's
+  all-reduce until XLA aborted the process. Armed after the furthest step checked, both raise at the same step."""
+  injector = injection.Injector(2)
+  injector.check(0, np.int32(4))  # device 0 of learner 0's program passed step 4; device 1 has not checked it yet
+  injector.check(1, np.int32(9))  # (another learner's progress is its own)
+  injector.arm_next(0)
+  injector.check(0, np.int32(4))  # device 1 passes step 4 too, and both go through its collectives
+  for _ in range(2):
+    with pytest.raises(injection.SliceCrash):
+      injector.check(0, np.int32(5))  # both devices raise at step 5, before its collectives
+  injector.check(1, np.int32(10))
+  injector.disarm(0)
+  injector.check(0, np.int32(0))  # a rejoined learner may start again lower; nothing is armed
+  injector.arm_next(0)
+  with pytest.raises(injection.SliceCrash):
+    injector.check(0, np.int32(1))
