@@ -4,8 +4,9 @@ A crash is injected from inside the learner's device program: a host callback in
 step raises once the step reaches the armed one, so the controller sees a genuine JAX runtime
 error, either at dispatch or when it awaits the result (XLA:CPU reports every host callback's error
 as INTERNAL). On a slice of one device the check runs once, in a program queued behind the part
-(runtime/diloco/placement.py says why), and fails the part's outputs at its end instead. A program bug is injected at dispatch, as the INVALID_ARGUMENT error a broken program
-raises there, every time: it is no lost slice.
+(runtime/diloco/placement.py says why), and fails the part's outputs at its end instead. A program
+bug is injected at dispatch, as the INVALID_ARGUMENT error a broken program raises there, every
+time: it is no lost slice.
 """
 
 import contextlib

@@ -129,6 +129,7 @@ def test_under_the_real_clock_dp_restart_fails_by_a_device_error_waits_in_wall_t
   jax.tree.map(np.testing.assert_array_equal, crashed.params, calm.params)  # nothing lost, nothing trained twice
 
 
+@pytest.mark.slow  # CI time (~30 s; two compiles of the step in wall time); the real-clock restart is above
 def test_under_the_real_clock_elastic_dp_drops_the_failed_slice_and_takes_it_back_after_its_repair(wall_crash):
   wall_crash.mode = "dp_elastic"
   wall_crash.total_steps = 200  # long enough in wall time for slice 1's repair (0.3 s) to end before the budget
@@ -142,7 +143,7 @@ def test_under_the_real_clock_elastic_dp_drops_the_failed_slice_and_takes_it_bac
   assert result.tokens >= wall_crash.total_steps * wall_crash.data.batch_size * wall_crash.data.seq_len  # the budget
 
 
-@pytest.mark.slow  # four real-clock runs, ~55 s; each mode's real-clock faults are in the default suite above
+@pytest.mark.slow  # four real-clock runs, ~55 s; the restart mode's real-clock faults are in the default suite
 def test_the_chaos_comparison_runs_every_mode_on_one_wall_clock_trace_with_real_failures(wall_crash):
   wall_crash.learners = 4
   results = {r.run: r for r in modes.chaos(wall_crash, None)}

@@ -50,7 +50,7 @@ def _corrupt_report(config, *_):
 
 
 def _link_drop(config, *_):
-  config.faults.schedule = "link:learner=0,time=0.3,duration=1.2,mode=drop"  # (rounds of 0.1 s or, under load, more)
+  config.faults.schedule = "link:learner=0,time=0.3,duration=2.0,mode=drop"  # (rounds of 0.1 s or, loaded, 0.6 s)
 
 
 def _lent_slices(config, *_):

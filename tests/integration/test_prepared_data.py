@@ -12,8 +12,9 @@ from runtime.errors import ConfigError
 from test_resume import assert_resumes_bit_identical
 
 
-# Shards per learner: slow (CI budget); the service case leases windows from the same prepared-data loader.
-@pytest.mark.parametrize("assignment", [pytest.param("shards", marks=pytest.mark.slow), "service"])
+# Slow (CI time, ~40 s each); the command-line test below trains on a prepared dataset in the default suite.
+@pytest.mark.parametrize("assignment", [pytest.param("shards", marks=pytest.mark.slow),
+                                        pytest.param("service", marks=pytest.mark.slow)])
 def test_a_run_on_a_prepared_dataset_killed_and_resumed_ends_bit_identical(
     tiny_config, prepared_dataset, tmp_path, monkeypatch, assignment):
   tiny_config.data.path = str(prepared_dataset)

@@ -27,6 +27,7 @@ def _run(config, name="run"):
   return modes.train_one(run, Experiment(run), None, name)
 
 
+@pytest.mark.slow  # CI time (~30 s); tests/experiments/test_sim_vs_runtime.py replays a trace on elastic DP by default
 def test_elastic_dp_replays_the_traces_failure_and_its_repair_time(tiny_config, tmp_path):
   """The same failure as test_dp's drawn one (slice 1 at 5.5, back at 10.5), read from a trace: the same 41.5 s."""
   tiny_config.mode = "dp_elastic"
