@@ -81,7 +81,8 @@ def assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills):
   return result
 
 
-@pytest.mark.slow  # ~2 minutes; the default suite keeps the SIGKILL case below and tests/integration/test_membership.py's
+@pytest.mark.slow  # ~2 minutes; the default suite keeps in-process kills (tests/integration/test_program_errors.py,
+# test_feature_matrix.py) and tests/integration/test_membership.py's
 def test_killed_mid_flight_four_times_the_run_ends_bit_identical_to_one_never_killed(faulty, tmp_path, monkeypatch):
   reference = modes.train(faulty, tmp_path / "reference")[0]
   saw = set()
@@ -157,6 +158,7 @@ def _assert_tiles(meta: dict) -> None:
     assert ranges and ranges[0][0] == 0 and all(e == s for (_, e), (s, _) in zip(ranges, ranges[1:])), ranges
 
 
+@pytest.mark.slow  # CI time (~95 s cold: three launches); the twenty SIGKILLs below are slow too
 def test_a_sigkilled_decoupled_run_resumes_and_ends_bit_identical(tmp_path):
   reference = launch("train", *DECOUPLED, f"--workdir={tmp_path / 'reference'}", cwd=tmp_path)
   assert reference.returncode == 0, reference.stderr[-3000:]
