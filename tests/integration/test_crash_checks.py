@@ -31,20 +31,21 @@ class _Recording(injection.Injector):
 
 @pytest.fixture
 def one_device(tiny_config):
-  """The learner's round and report programs on a mesh of one device, a fresh state, a part's batches."""
+  """The learner's round program on a mesh of one device (its report program is wrapped the same way), a fresh
+  state, a part's batches."""
   run = modes.prepare(tiny_config)
   mesh = devices_lib.slice_mesh(jax.devices()[:1])
-  round_program, report_program, init = placement.programs(run.model, run.inner, run.total_steps, 0, mesh, False)
+  round_program, _, init = placement.programs(run.model, run.inner, run.total_steps, 0, mesh, False)
   params = jax.device_put(lm.init_params(run.model, jax.random.key(0)), lm.param_shardings(run.model, mesh, run.fsdp))
   batches = jax.device_put(np.zeros((STEPS, run.data.batch_size, run.data.seq_len + 1), np.int32),
                            NamedSharding(mesh, P(None, "data")))
-  return round_program, report_program, lambda: jax.block_until_ready(init(params, 0)), jax.block_until_ready(batches)
+  return round_program, lambda: jax.block_until_ready(init(params, 0)), jax.block_until_ready(batches)
 
 
 def test_a_one_device_part_is_checked_after_its_dispatch_has_returned(one_device):
   """XLA:CPU runs a one-device program that calls the host on the dispatching thread when its inputs are ready: a
   part checked at every step trained on the controller's thread under the real clock."""
-  round_program, _, fresh, batches = one_device  # (the report program is wrapped the same way)
+  round_program, fresh, batches = one_device
   injector = _Recording()
   with injection.ROUTER.routing(injector):
     jax.block_until_ready(round_program(fresh(), batches))  # (compiles)
@@ -58,7 +59,7 @@ def test_a_one_device_part_is_checked_after_its_dispatch_has_returned(one_device
 @pytest.mark.parametrize("armed,fails", [(0, True), (STEPS - 1, True), (STEPS, False)])
 def test_a_crash_armed_at_a_parts_step_fails_it_as_a_lost_slice_and_one_past_its_last_step_does_not(
     one_device, armed, fails):
-  round_program, _, fresh, batches = one_device
+  round_program, fresh, batches = one_device
   injector = injection.Injector(1)
   with injection.ROUTER.routing(injector):
     injector.arm(0, armed)
