@@ -50,10 +50,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.fragments = 1
   # Token budget in inner steps at the full global batch (the same budget in every mode).
   config.total_steps = 300
+  # Or the budget in tokens per model parameter (0 = total_steps above): total_steps becomes the steps at the global
+  # batch (whole rounds of inner_steps) nearest tokens_per_param × the model's parameters (20: compute-optimal).
+  config.tokens_per_param = 0.0
   # Evaluate Θ every this many steps' worth of merged tokens.
   config.eval_every = 60
   # Held-out batches per evaluation.
   config.eval_batches = 8
+  # Sequences per held-out batch (0 = data.batch_size / learners: then runs with different learners see different
+  # held-out sets; set it to compare them on one).
+  config.eval_batch_size = 0
   # DP: pull train metrics every this many steps.
   config.log_every = 10
   # Shard parameters along each slice's data axis (FSDP) instead of replicating them.
@@ -80,7 +86,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.save_model_every = 0
 
   config.model = ml_collections.ConfigDict()
-  # A named size (tiny, small, base, 100m); fields set below override it.
+  # A named size (tiny 0.12M parameters, small 0.43M, medium 1.28M, base 3.2M, 100m); fields set below override it.
   config.model.size = "small"
   # Positions: "rotary" or "learned".
   config.model.positions = "rotary"
@@ -98,6 +104,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.dtype = "float32"
   # Recompute each block's activations in the backward pass instead of keeping them (less memory, more compute).
   config.model.remat = False
+  # QK-LayerNorm: each head's queries and keys are layer-normed before their dot product (bounded attention logits).
+  config.model.qk_norm = False
+  # z-loss: training adds z_loss × mean (log Z)² (Z: the softmax normalizer at each position; 1e-4 in the scaling-law
+  # recipe); evaluations report the plain cross-entropy. 0 = off.
+  config.model.z_loss = 0.0
   # Token ids (None = from the data: 256 for text read byte-level, a prepared dataset's manifest otherwise).
   config.model.vocab_size = ml_collections.config_dict.placeholder(int)
 

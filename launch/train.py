@@ -10,11 +10,14 @@ from runtime import cli
 
 _CONFIG = cli.define_config("default", "Experiment config: a path or a name.")
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/default", "Where metrics, plots and summaries go.")
+_RUN_NAME = flags.DEFINE_string("run_name", "", "The run's name and its directory under --workdir (default: its "
+                                "mode). The same name resumes the run there; another name starts a new one.")
 
 
 def main(argv: list[str]) -> None:
   del argv
-  cli.launch("runtime.experiments.modes:train", _CONFIG.value, _WORKDIR.value, name=cli.run_name(_CONFIG.value))
+  name = cli.guarded(cli.run_name, _CONFIG.value, _RUN_NAME.value)
+  cli.launch("runtime.experiments.modes:train", _CONFIG.value, _WORKDIR.value, name=name)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,30 @@ from models.transformer import ModelConfig, TransformerLM
 PyTree = Any
 
 
-def loss_fn(params: PyTree, cfg: ModelConfig, batch_BxT: jax.Array) -> jax.Array:
-  """Mean next-byte cross-entropy (nats) of a [B, L+1] batch of windows."""
-  inputs_BxL, targets_BxL = batch_BxT[:, :-1], batch_BxT[:, 1:]
-  logits_BxLxV = TransformerLM(cfg).apply({"params": params}, inputs_BxL)
+def _logits(params: PyTree, cfg: ModelConfig, inputs_BxL: jax.Array) -> jax.Array:
+  return TransformerLM(cfg).apply({"params": params}, inputs_BxL)
+
+
+def _cross_entropy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
   logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
   nll_BxL = -jnp.take_along_axis(logp_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
   return nll_BxL.mean()
+
+
+def loss_fn(params: PyTree, cfg: ModelConfig, batch_BxT: jax.Array) -> jax.Array:
+  """Mean next-token cross-entropy (nats) of a [B, L+1] batch of windows: what evaluations report."""
+  return _cross_entropy(_logits(params, cfg, batch_BxT[:, :-1]), batch_BxT[:, 1:])
+
+
+def train_loss(params: PyTree, cfg: ModelConfig, batch_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(objective, cross-entropy) of a batch: the objective adds cfg.z_loss × mean (log Z)² over positions (Z the
+  softmax normalizer), which keeps the logits from drifting; without z-loss it is the cross-entropy itself."""
+  logits_BxLxV = _logits(params, cfg, batch_BxT[:, :-1])
+  cross_entropy = _cross_entropy(logits_BxLxV, batch_BxT[:, 1:])
+  if not cfg.z_loss:
+    return cross_entropy, cross_entropy
+  log_z_BxL = jax.nn.logsumexp(logits_BxLxV, axis=-1)
+  return cross_entropy + cfg.z_loss * jnp.square(log_z_BxL).mean(), cross_entropy
 
 
 def init_params(cfg: ModelConfig, rng: jax.Array) -> PyTree:

@@ -31,6 +31,9 @@ class CausalSelfAttention(nn.Module):
     dense = lambda name: nn.DenseGeneral(
         (cfg.num_heads, head_dim), use_bias=False, dtype=cfg.dtype, name=name)
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = dense("query")(x_BxLxD), dense("key")(x_BxLxD), dense("value")(x_BxLxD)
+    if cfg.qk_norm:  # bounds the attention logits, so a large learning rate cannot saturate the softmax
+      q_BxLxHxK = nn.LayerNorm(dtype=cfg.dtype, name="query_norm")(q_BxLxHxK)
+      k_BxLxHxK = nn.LayerNorm(dtype=cfg.dtype, name="key_norm")(k_BxLxHxK)
     if cfg.positions == "rotary":
       q_BxLxHxK, k_BxLxHxK = _rotary(q_BxLxHxK), _rotary(k_BxLxHxK)
     length = x_BxLxD.shape[1]

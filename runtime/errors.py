@@ -1,9 +1,11 @@
 """Errors raised at the project's boundaries, each naming what was wrong."""
 
+import contextlib
 import dataclasses
 import math
+import threading
 import typing
-from typing import Any
+from typing import Any, Iterator
 
 
 class ConfigError(ValueError):
@@ -26,10 +28,53 @@ class ProgramError(RuntimeError):
   """Training cannot go on: every learner stopped on a program error (no lost slice); the message names them."""
 
 
+class ConfigErrors(ConfigError):
+  """Several config fields are invalid; the message names each on its own line (`field` is the first)."""
+
+  def __init__(self, errors: list[ConfigError]):
+    ValueError.__init__(self, f"{len(errors)} config fields are invalid:\n" + "\n".join(f"  {e}" for e in errors))
+    self.errors = tuple(errors)
+    self.field = errors[0].field
+
+
+_COLLECTING = threading.local()  # the errors `check` found inside `every_error`, this thread's
+
+
 def check(ok: bool, field: str, value: object, allowed: str) -> None:
-  """Raises ConfigError naming `field`, its value and what is allowed, unless `ok`."""
-  if not ok:
-    raise ConfigError(field, value, allowed)
+  """Raises ConfigError naming `field`, its value and what is allowed, unless `ok` (inside `every_error`, it
+  records the error and validation goes on)."""
+  if ok:
+    return
+  error = ConfigError(field, value, allowed)
+  found = getattr(_COLLECTING, "errors", None)
+  if found is None:
+    raise error
+  if all(str(e) != str(error) for e in found):
+    found.append(error)
+
+
+@contextlib.contextmanager
+def every_error() -> Iterator[None]:
+  """Validation inside reports every invalid field at once: the errors `check` found are raised together on leaving
+  (one alone as itself). A ConfigError raised directly, or any error that a field already found invalid may have
+  caused (a division by an invalid zero), ends the validation with what was found so far."""
+  if getattr(_COLLECTING, "errors", None) is not None:  # an enclosing validation collects
+    yield
+    return
+  _COLLECTING.errors = found = []
+  try:
+    yield
+  except ConfigError as error:
+    found.append(error)
+  except Exception:  # pylint: disable=broad-except
+    if not found:
+      raise
+  finally:
+    _COLLECTING.errors = None
+  if len(found) == 1:
+    raise found[0]
+  if found:
+    raise ConfigErrors(found)
 
 
 class UsageError(ValueError):

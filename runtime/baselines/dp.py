@@ -68,7 +68,8 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
         pending = (step, metrics)
         if due(step, run.eval_every, run.total_steps):
           eval_loss = exp.evaluate(state.params, mesh)
-          logger.log("eval", dict(step=step, tokens=step * run.tokens_per_step, time=clock(step), eval_loss=eval_loss))
+          logger.log("eval", dict(step=step, tokens=step * run.tokens_per_step, time=clock(step),
+                                  **exp.eval_fields(eval_loss)))
         if checkpoints is not None and due(step, run.checkpoint_every, run.total_steps):
           _finish_step(logger, run, *pending, clock, wall, lr)  # its record precedes the checkpoint
           pending = None

@@ -119,7 +119,7 @@ def train_dp_under_faults(run: RunConfig, exp: Experiment, workdir: str | os.Pat
       nonlocal eval_loss
       with clock.aside():
         eval_loss = exp.evaluate(state.params, mesh)
-      logger.log("eval", dict(step=steps, tokens=tokens, time=clock.now(), eval_loss=eval_loss))
+      logger.log("eval", dict(step=steps, tokens=tokens, time=clock.now(), **exp.eval_fields(eval_loss)))
 
     clock.start()
     while tokens < run.token_budget and not clock.gave_up():

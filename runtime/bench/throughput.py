@@ -126,7 +126,7 @@ def hand_dp_tokens_per_second(run: RunConfig, exp: Experiment, warmup: int, step
   state_sh = jax.tree.map(lambda x: x.sharding, state)
 
   def train_step(state: TrainState, batch_BxT: jax.Array) -> tuple[TrainState, jax.Array]:
-    loss, grads = jax.value_and_grad(lm.loss_fn)(state.params, run.model, batch_BxT)
+    (_, loss), grads = jax.value_and_grad(lm.train_loss, has_aux=True)(state.params, run.model, batch_BxT)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     return state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state), loss
 

@@ -31,6 +31,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from runtime.checkpoint import storage
+from runtime.train import preemption
 from runtime.errors import DataError
 
 DIGEST = "digest.sha256"
@@ -100,6 +101,9 @@ class Checkpoints:
 
   def __init__(self, directory: str | pathlib.Path, keep: int = 3):
     self.directory = pathlib.Path(directory).resolve()
+    if self.directory.exists() and not self.directory.is_dir():
+      raise DataError(f"{self.directory} is not a directory of checkpoints (a file is there): move it aside, and the "
+                      "run starts or resumes with a checkpoints directory of its own")
     self._manager = ocp.CheckpointManager(
         self.directory, handler_registry=_handlers(),
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
@@ -111,6 +115,15 @@ class Checkpoints:
     self._unverified: list[int] = []
     self.blocking_seconds: list[float] = []  # per save: how long the caller waited
     self._closed = False
+    preemption.watch(self.on_disk)
+
+  def on_disk(self) -> str:
+    """What a run stopped now would resume from: the newest committed checkpoint here, or none (one line)."""
+    committed = [int(p.name) for p in self.directory.glob("*") if p.name.isdigit()
+                 and (p / "commit_success.txt").exists()] if self.directory.is_dir() else []
+    if not committed:
+      return f"no checkpoint under {self.directory} is committed yet: run again, it starts from the beginning"
+    return f"checkpoint {max(committed)} under {self.directory} is the newest committed: run again to resume from it"
 
   def save(self, step: int, state: PyTree, meta: dict) -> None:
     """Starts saving `state` (arrays) and `meta` (JSON) as checkpoint `step`; returns once the arrays are copied."""
@@ -188,6 +201,7 @@ class Checkpoints:
         if not quiet:
           raise
       finally:
+        preemption.unwatch(self.on_disk)
         if quiet:  # a save the failure interrupted leaves its temporary directory: never a checkpoint, removed
           for unfinished in self.directory.glob("*.orbax-checkpoint-tmp*"):
             shutil.rmtree(unfinished, ignore_errors=True)

@@ -15,7 +15,7 @@ from runtime.config.data import DataConfig
 from runtime.cluster import learner_slices
 from runtime.data import manifest as data_manifest
 from runtime.diloco import fragment_plan
-from runtime.errors import ConfigError, check, check_types
+from runtime.errors import ConfigError, check, check_types, every_error
 from runtime.faults import plan as fault_plan, replay as fault_replay
 from runtime.faults.plan import FaultConfig, parse_schedule
 from runtime.network import config as links_config
@@ -37,6 +37,11 @@ DTYPES = ("float32", "bfloat16")
 # resumes whatever they are now.
 QUIET_FIELDS = ("progress", "tensorboard", "compile_cache", "backend", "checkpoint_every", "checkpoint_seconds",
                 "checkpoint_keep", "resume", "save_model_every")
+# Fields a run resumes under whatever they are now: the quiet ones, and when it evaluates, what it logs and how many
+# batches its loader prepares ahead. Every other field changes the training, and a changed one is refused on resume.
+RESUMABLE_FIELDS = (*QUIET_FIELDS, "eval_every", "log_every", "data.prefetch")
+# Paths a run is compared by what they hold, not where it lies: a moved dataset resumes (runtime/data/corpus.py).
+CONTENT_FIELDS = ("data.path",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +126,11 @@ class RunConfig:
   parts_in_flight: int = 0  # programs a learner keeps queued on its slices (0 = 2 under the real clock, else 1)
   fragments: int = 1  # P: each report carries one of P fragments of the model (runtime/diloco/fragment_plan.py)
   total_steps: int = 300  # per-learner inner steps at full global batch; fixes the token budget
+  # > 0: the token budget in tokens per model parameter; total_steps is then derived (see with_budget)
+  tokens_per_param: float = 0.0
   eval_every: int = 50  # inner steps between evals (DP) / per learner (DiLoCo: rounded to rounds)
   eval_batches: int = 8
+  eval_batch_size: int = 0  # sequences per held-out batch; 0 = data.batch_size / learners (the set depends on M)
   log_every: int = 10
   fsdp: bool = False  # shard parameters along the slice's data axis
   progress: bool = True
@@ -138,6 +146,11 @@ class RunConfig:
   def tokens_per_step(self) -> int:
     """Tokens the whole job trains on per inner step (global batch × sequence length)."""
     return self.data.batch_size * self.data.seq_len
+
+  @property
+  def eval_batch(self) -> int:
+    """Sequences per held-out batch: eval_batch_size, or one learner's share of the global batch."""
+    return self.eval_batch_size or max(self.data.batch_size // max(self.learners, 1), 1)
 
   @property
   def round_steps(self) -> int:
@@ -179,9 +192,19 @@ def with_fields(run: RunConfig, fields: dict[str, Any]) -> RunConfig:
   if "data.path" in fields and "model.vocab_size" not in fields:  # other data: its vocabulary
     sections.setdefault("model", {})["vocab_size"] = data_manifest.vocabulary(fields["data.path"])[0]
   nested = {s: dataclasses.replace(getattr(run, s), **v) for s, v in sections.items()}
-  run = dataclasses.replace(run, **top, **nested)
+  run = with_budget(dataclasses.replace(run, **top, **nested))
   validate(run)
   return run
+
+
+def with_budget(run: RunConfig) -> RunConfig:
+  """`run` with total_steps derived from tokens_per_param when that is set: the whole rounds of H inner steps at the
+  global batch whose tokens come nearest tokens_per_param × the model's parameters (at least one round), the same in
+  every mode, so that DiLoCo's last round is a full one."""
+  if run.tokens_per_param <= 0:
+    return run
+  rounds = round(run.tokens_per_param * run.model.num_params() / (run.tokens_per_step * run.inner_steps))
+  return dataclasses.replace(run, total_steps=max(int(rounds), 1) * run.inner_steps)
 
 
 # Fields that moved or were renamed: the error for the old name says where they went.
@@ -253,7 +276,7 @@ def from_config_dict(cfg: ml_collections.ConfigDict) -> RunConfig:
   nested = {name: _build(cls, cfg.get(name), f"{name}.") for name, cls in SECTIONS.items() if name != "model"}
   nested["model"] = _build_model(cfg.get("model"), nested["data"].path)
   top = ml_collections.ConfigDict({k: v for k, v in cfg.items() if k not in SECTIONS})
-  return with_mode(dataclasses.replace(_build(RunConfig, top, ""), **nested), top.get("mode", "decoupled"))
+  return with_mode(with_budget(dataclasses.replace(_build(RunConfig, top, ""), **nested)), top.get("mode", "decoupled"))
 
 
 def with_mode(run: RunConfig, mode: str) -> RunConfig:
@@ -267,7 +290,12 @@ def with_mode(run: RunConfig, mode: str) -> RunConfig:
 
 
 def validate(run: RunConfig) -> None:
-  """Raises ConfigError on the first field outside what it allows."""
+  """Raises ConfigError naming every field outside what it allows (ConfigErrors when there are several)."""
+  with every_error():
+    _validate(run)
+
+
+def _validate(run: RunConfig) -> None:
   m, d, i, o, c = run.model, run.data, run.inner, run.outer, run.clock
   check_types(run, "")
   for name in SECTIONS:
@@ -293,6 +321,10 @@ def validate(run: RunConfig) -> None:
   check(run.total_steps >= 1, "total_steps", run.total_steps, "an integer >= 1")
   check(run.eval_every >= 1, "eval_every", run.eval_every, "an integer >= 1")
   check(run.eval_batches >= 1, "eval_batches", run.eval_batches, "an integer >= 1")
+  check(run.eval_batch_size >= 0, "eval_batch_size", run.eval_batch_size,
+        "an integer >= 0 (0: data.batch_size / learners)")
+  check(run.tokens_per_param >= 0 and math.isfinite(run.tokens_per_param), "tokens_per_param",
+        run.tokens_per_param, "a number >= 0 (0: total_steps sets the budget)")
   check(run.log_every >= 1, "log_every", run.log_every, "an integer >= 1")
   check(run.checkpoint_every >= 0, "checkpoint_every", run.checkpoint_every, "an integer >= 0 (0 = no checkpoints)")
   check(run.checkpoint_every == 0 or run.mode in CHECKPOINT_MODES, "checkpoint_every", run.checkpoint_every,
@@ -308,8 +340,8 @@ def validate(run: RunConfig) -> None:
   check(m.dtype in DTYPES, "model.dtype", m.dtype, f"one of {DTYPES}")
   for name in ("num_layers", "d_model", "num_heads", "mlp_dim", "max_len"):
     check(getattr(m, name) >= 1, f"model.{name}", getattr(m, name), "an integer >= 1")
-  check(m.d_model % m.num_heads == 0 and (m.d_model // m.num_heads) % 2 == 0, "model.num_heads", m.num_heads,
-         f"a divisor of model.d_model ({m.d_model}) leaving an even head size")
+  check(m.num_heads < 1 or (m.d_model % m.num_heads == 0 and (m.d_model // m.num_heads) % 2 == 0), "model.num_heads",
+        m.num_heads, f"a divisor of model.d_model ({m.d_model}) leaving an even head size")
   data_config.validate(run)
   capacity_lib.validate(run)
   groups = run.learners if run.mode in ("decoupled", "diloco_sync", "dp_elastic", "dp_restart") else 1

@@ -6,6 +6,7 @@ an eval token stream that the loader cuts into windows the same way.
 """
 
 import dataclasses
+import functools
 import glob
 import hashlib
 import os
@@ -58,7 +59,7 @@ def load_corpus(path: str, eval_fraction: float, max_bytes: int | None = None) -
   if max_bytes is not None and max_bytes < 1:
     raise DataError(f"data.max_bytes = {max_bytes!r} is invalid: allowed None or an integer >= 1")
   root, files = resolve(path)
-  docs = _read(root, files, max_bytes)
+  docs = _text_only(path, _read(root, files, max_bytes))
   if len(docs) == 1:
     # One file has no other file to hold out, so its tail becomes the eval split.
     data = docs[0][1]
@@ -116,6 +117,39 @@ def resolve(path: str, field: str = "data.path") -> tuple[pathlib.Path, list[pat
     raise DataError(
         f"{field} = {path!r}: all {len(files)} matched file(s) are empty; tried {tried}")
   return root, non_empty
+
+
+def content_digest(path: str) -> str:
+  """What the data at `path` is, independent of where it lies: a prepared dataset's tokenizer and shard checksums
+  (read from its manifest), or text's file names relative to its root and their bytes. Equal digests train alike."""
+  if manifest.path_of(path) is not None:
+    return "prepared:" + manifest.digest(manifest.read(path))
+  root, files = resolve(path)
+  seen = tuple((f.relative_to(root).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+  return _text_digest(root, seen)
+
+
+@functools.lru_cache(maxsize=16)  # a process that starts many runs on one corpus reads it once
+def _text_digest(root: pathlib.Path, files: tuple[tuple[str, int, int], ...]) -> str:
+  digest = hashlib.sha256()
+  for name, _, _ in files:
+    digest.update(name.encode("utf-8") + SEPARATOR)
+    digest.update(manifest.sha256_of(root / name).encode("ascii"))
+  return "text:" + digest.hexdigest()
+
+
+def _text_only(path: str, docs: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+  """The documents that are text; binary ones (a NUL byte, which text never holds: images, archives, random bytes)
+  are left out with one line saying so, and none left is a DataError."""
+  text = [doc for doc in docs if SEPARATOR not in doc[1]]
+  if len(text) < len(docs):
+    first = next(name for name, data in docs if SEPARATOR in data)
+    if not text:
+      raise DataError(f"data path {path!r} holds no text: its {len(docs)} file(s) are binary (they hold NUL bytes; the "
+                      f"first: {first}); allowed text files or a dataset launch.prepare_data wrote")
+    print(f"data path {path!r}: {len(docs) - len(text)} of {len(docs)} files are binary (they hold NUL bytes) and are "
+          f"left out (the first: {first})", flush=True)
+  return text
 
 
 def _walk(root: pathlib.Path, skip_dirs: frozenset[str], suffix: str) -> list[pathlib.Path]:

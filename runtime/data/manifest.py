@@ -76,6 +76,14 @@ def write(directory: pathlib.Path, manifest: dict[str, Any]) -> None:
   os.replace(tmp, directory / NAME)
 
 
+def digest(manifest: dict[str, Any]) -> str:
+  """What a prepared dataset holds, wherever it lies: its tokenizer, dtype and every shard's checksums."""
+  content = dict(tokenizer=manifest["tokenizer"], dtype=manifest["dtype"],
+                 splits={split: [[s["sha256"], s["index_sha256"]] for s in manifest["splits"][split]["shards"]]
+                         for split in SPLITS})
+  return hashlib.sha256(json.dumps(content, sort_keys=True).encode("utf-8")).hexdigest()
+
+
 def sha256_of(path: pathlib.Path) -> str:
   """The file's SHA-256, read in 4 MiB pieces."""
   digest = hashlib.sha256()

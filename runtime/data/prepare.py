@@ -31,6 +31,8 @@ from runtime.reporting import run_lock
 WRITER_OPTIONS = "group_size:1"
 _ENCODE_BATCH_BYTES = 4 << 20
 _TOKENIZER_SAMPLE_BYTES = 256 << 20  # SentencePiece trains on about this much input, spread over the shards
+# What the configs/default.py run the summary suggests evaluates on: windows of seq_len + 1 tokens.
+_SUGGESTED_SEQ_LEN, _SUGGESTED_EVAL_WINDOWS = 128, 8 * 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,5 +334,11 @@ def summary(manifest: dict[str, Any], output: str) -> str:
   if manifest["input"]["bad_lines_dropped"]:
     lines.append(f"dropped {manifest['input']['bad_lines_dropped']:,} JSONL line(s) without text (the first: "
                  f"{manifest['input']['first_bad_line']})")
+  windows = (held_out["tokens"] + max(held_out["documents"] - 1, 0)) // (_SUGGESTED_SEQ_LEN + 1)
+  lines.append(f"eval split kept: {held_out['tokens']:,} tokens, {windows:,} windows of {_SUGGESTED_SEQ_LEN + 1} "
+               f"(data.seq_len {_SUGGESTED_SEQ_LEN})" + (
+                   f": fewer than the {_SUGGESTED_EVAL_WINDOWS} the default config evaluates on, so its runs evaluate "
+                   "on the windows there are (a larger --eval_fraction holds out more)"
+                   if windows < _SUGGESTED_EVAL_WINDOWS else ""))
   lines.append(f"train on it: python -m launch.train --config=default --config.data.path={output}")
   return "\n".join(lines)

@@ -282,20 +282,32 @@ class Prefetcher:
 
 def eval_batches(tokens: np.ndarray, *, batch_size: int, seq_len: int,
                  num_batches: int) -> np.ndarray:
-  """Fixed eval set (int32, [num_batches, batch_size, seq_len + 1]) of evenly spaced windows."""
+  """Fixed eval set (int32, [num_batches, batch_size, seq_len + 1]) of evenly spaced windows.
+
+  A split too small for that many windows gives every window it has: as many whole batches of `batch_size` as fit,
+  or one batch of all of them (the caller says so: `short_of`).
+  """
   windows = _windows(tokens, seq_len, batch_size)
   if num_batches < 1:
     raise DataError(f"num_batches = {num_batches!r} is invalid: allowed an integer >= 1")
-  needed = num_batches * batch_size
-  if len(windows) < needed:
-    window = seq_len + 1
+  if not len(windows):
     raise DataError(
-        f"the eval split has {len(tokens)} tokens ({len(windows)} windows of seq_len + 1 = "
-        f"{window}) but {num_batches} batches of {batch_size} need {needed * window} tokens; "
-        "raise data.eval_fraction (a prepared dataset: prepare it with a larger --eval_fraction) or lower the "
-        "eval batch count")
+        f"the eval split has {len(tokens)} tokens: not one window of seq_len + 1 = {seq_len + 1}; raise "
+        "data.eval_fraction (a prepared dataset: prepare it with a larger --eval_fraction) or lower data.seq_len")
+  if len(windows) < num_batches * batch_size:
+    num_batches, batch_size = max(len(windows) // batch_size, 1), min(batch_size, len(windows))
+  needed = num_batches * batch_size
   ids = np.arange(needed, dtype=np.int64) * len(windows) // needed
   return windows[ids].astype(np.int32).reshape(num_batches, batch_size, seq_len + 1)
+
+
+def short_of(batches: np.ndarray, num_batches: int, batch_size: int) -> str:
+  """'' when `batches` (from eval_batches) holds the windows asked for; else one line saying what it holds."""
+  if batches.shape[:2] == (num_batches, batch_size):
+    return ""
+  return (f"the eval split holds {batches.shape[0] * batches.shape[1]} windows of {batches.shape[2]} tokens, fewer "
+          f"than {num_batches} batches of {batch_size}: evaluating on {batches.shape[0]} batch(es) of "
+          f"{batches.shape[1]} (every window there is); a larger eval split evaluates more precisely")
 
 
 def _windows(tokens: "np.ndarray | prepared.TokenSplit", seq_len: int, batch_size: int) -> Any:

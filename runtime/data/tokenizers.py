@@ -11,6 +11,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from runtime.data import manifest
 from runtime.errors import DataError
 
 KINDS = ("byte", "sentencepiece")  # trained kinds; a path to a `.model` or `tokenizer.json` file is the third way
@@ -176,6 +177,14 @@ def load(kind: str, directory: pathlib.Path) -> Tokenizer:
     raise DataError(f"tokenizer kind {kind!r} in {str(directory)!r} is unknown: allowed 'byte' or one of "
                     f"{sorted(known)}")
   return from_file(directory / known[kind].file)
+
+
+def of_data(data_path: str) -> tuple[Tokenizer, pathlib.Path | None]:
+  """The tokenizer of a run's data (a prepared dataset's, or bytes) and the directory that keeps its file."""
+  if manifest.path_of(data_path) is None:
+    return ByteTokenizer(), None
+  directory = pathlib.Path(data_path).expanduser().resolve()
+  return load(manifest.read(directory)["tokenizer"]["kind"], directory), directory
 
 
 def train_sentencepiece(documents: Iterable[bytes], vocab_size: int, model_type: str = "bpe",

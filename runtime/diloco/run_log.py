@@ -126,7 +126,7 @@ class RunLog:
 
   def _record_eval(self, loss: float, record: dict) -> None:
     self.eval_loss = loss
-    self.logger.log("eval", dict(record, eval_loss=loss))
+    self.logger.log("eval", dict(record, **self.exp.eval_fields(loss)))
 
   def result(self, learners: Sequence[Learner], ledger: Ledger, now: float, virtual_seconds: float,
              params: PyTree) -> RunResult:

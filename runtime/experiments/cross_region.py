@@ -88,7 +88,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, ba
   if workdir is not None:
     summary.plot_lines({n: [(r["_bw"], r["slowdown"]) for r in rows if r["variant"] == n] for n in names},
                        pathlib.Path(workdir) / "cross_region_slowdown.png", x_label="inter-region bandwidth (B/s)",
-                       y_label="time to budget / unlimited", title=title, log=True)
+                       y_label="time to budget / unlimited", title=title, log="xy")
   return rows, quality_rows
 
 

@@ -12,6 +12,7 @@ from runtime.cluster import devices as devices_lib
 from runtime.cluster import multislice
 from runtime.reporting import provenance
 from runtime.reporting import run_lock
+from runtime.reporting import metrics
 from runtime.reporting import summary
 from runtime.config.run import CHECKPOINT_MODES, RunConfig, from_config_dict, with_mode
 from runtime.train.harness import Experiment, RunResult, finish
@@ -38,6 +39,8 @@ def train_one(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None
     result = _train_in(run, exp, workdir, name)
     saved.save(pathlib.Path(workdir) / name / saved.MODEL_DIR, run, result.params, run_name=name,
                tokens=result.tokens, eval_loss=result.final_eval_loss)
+    run_lock.write_atomically(pathlib.Path(workdir) / name / provenance.RESULT_JSON, lambda tmp: tmp.write_text(
+        json.dumps(dict(row=result.row(), time_kind=result.time_kind), indent=1, allow_nan=True) + "\n"))
     return result
   finally:
     lock.release()
@@ -54,17 +57,36 @@ def _train_in(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None
   return train_diloco(run, exp, workdir, name)
 
 
-def _report(results: list[RunResult], workdir: str | os.PathLike | None, title: str) -> None:
+def _report(results: list[RunResult], workdir: str | os.PathLike | None, title: str,
+            loss_unit: str = "nats/byte") -> None:
   """Prints the summary table and where every output went; writes results.json last."""
   if workdir is None:
-    print(finish(results, workdir, title=title))
+    print(finish(results, workdir, title=title, loss_unit=loss_unit))
     return
   out = pathlib.Path(workdir)
-  with run_lock.outputs_of(out):  # the set of files describes this invocation's runs, whoever writes last
-    print(finish(results, workdir, title=title))
-    rows = json.dumps([r.row() for r in results], indent=2, allow_nan=True) + "\n"
+  with run_lock.outputs_of(out):  # the files describe every finished run in the workdir, whoever writes last
+    everything = [*earlier_runs(out, {r.run for r in results}), *results]
+    print(finish(everything, workdir, title=title, loss_unit=loss_unit))
+    rows = json.dumps([r.row() for r in everything], indent=2, allow_nan=True) + "\n"
     run_lock.write_atomically(out / summary.RESULTS_FILE, lambda tmp: tmp.write_text(rows))
   print(outputs(results, out))
+
+
+def earlier_runs(workdir: pathlib.Path, besides: set[str]) -> list[RunResult]:
+  """The finished runs in `workdir` other than `besides`, oldest first, as their result.json and metrics.jsonl hold
+  them; one whose files are damaged is left out of the summary with a line saying so (nothing of it is changed)."""
+  found = []
+  for path in workdir.glob(f"*/{provenance.RESULT_JSON}"):
+    if path.parent.name in besides:
+      continue
+    try:
+      result = json.loads(path.read_text(encoding="utf-8"))
+      records = metrics.read_jsonl(path.parent / metrics.JSONL_NAME)
+      found.append((path.stat().st_mtime, RunResult.from_row(result["row"], records, result["time_kind"])))
+    except (OSError, ValueError, KeyError, TypeError) as error:  # (DataError is a ValueError)
+      print(f"{path.parent}: left out of the workdir's summary: {path.name} or its metrics are damaged ({error}); "
+            "the run's own files are unchanged", flush=True)
+  return [result for _, result in sorted(found, key=lambda pair: pair[0])]
 
 
 def outputs(results: list[RunResult], workdir: pathlib.Path) -> str:
@@ -91,8 +113,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None,
           name: str | None = None) -> list[RunResult]:
   """`launch.train`: one run (named `name`, default its mode), then its summary table and loss plot."""
   run = prepare(config)
-  result = train_one(run, Experiment(run), workdir, name or run.mode)
-  _report([result], workdir, f"{name or run.mode}: {run.token_budget:,} tokens")
+  exp = Experiment(run)
+  result = train_one(run, exp, workdir, name or run.mode)
+  _report([result], workdir, f"{name or run.mode}: {run.token_budget:,} tokens", exp.loss_unit)
   return [result]
 
 
@@ -113,7 +136,7 @@ def compare(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None
     run = with_mode(base, mode)
     logging.info("comparison: running %s", mode)
     results.append(train_one(run, exp, workdir, mode))
-  _report(results, workdir, _titled(f"equal budget: {base.token_budget:,} tokens", varied))
+  _report(results, workdir, _titled(f"equal budget: {base.token_budget:,} tokens", varied), exp.loss_unit)
   return results
 
 
@@ -137,5 +160,6 @@ def chaos(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, 
     summary.plot_timeline(details["intervals"], [(t, "merge") for t in details["merge_times"]],
                          pathlib.Path(workdir) / "timeline.png", time_kind=results[0].time_kind,
                          title="Decoupled DiLoCo under faults")
-  _report(results, workdir, _titled(f"same fault trace, {base.token_budget:,}-token budget", varied))
+  _report(results, workdir, _titled(f"same fault trace, {base.token_budget:,}-token budget", varied),
+          exp.loss_unit)
   return results

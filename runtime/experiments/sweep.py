@@ -130,24 +130,53 @@ def point_config(config: ml_collections.ConfigDict, point: Point) -> ml_collecti
   return config
 
 
-def _record(workdir: pathlib.Path, config_path: str, base: Sequence[str]) -> None:
-  """Writes (or checks) `sweep.json`: a workdir holds points of one config and one set of base overrides."""
-  path = workdir / "sweep.json"
-  record = dict(config=config_path, overrides=list(base))
+def record(path: pathlib.Path, config_path: str, base: Sequence[str]) -> None:
+  """Writes (or checks) the record at `path`: a workdir holds points of one config and one set of base overrides."""
+  record_ = dict(config=config_path, overrides=list(base))
   if path.exists():
-    old = json.loads(path.read_text())
-    if old != record:
-      raise UsageError(f"--workdir={workdir}: holds a sweep of {old['config']} with overrides {old['overrides']}, "
+    try:
+      old = json.loads(path.read_text())
+      old = dict(config=old["config"], overrides=old["overrides"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+      raise UsageError(f"{path} is damaged ({error}): it says which config and overrides this workdir's points ran "
+                       f"with; restore it, or write {json.dumps(record_)} there to go on with these") from None
+    if old != record_:
+      raise UsageError(f"--workdir={path.parent}: holds points of {old['config']} with overrides {old['overrides']}, "
                        f"not {config_path} with {list(base)}; allowed the same config and overrides (to resume or "
                        "extend it) or a new --workdir")
-  path.write_text(json.dumps(record, indent=2) + "\n")
+  path.write_text(json.dumps(record_, indent=2) + "\n")
 
 
-def _run_point(point: Point, config_path: str, base: Sequence[str], workdir: pathlib.Path) -> tuple[int, float]:
+def restartable(fields: tuple[tuple[str, str], ...], config: ml_collections.ConfigDict) -> tuple[tuple[str, str], ...]:
+  """A point's fields, with resume=False when its run keeps no checkpoints: a point interrupted earlier then starts
+  over beside its unfinished run (which could not resume) instead of being refused; one with checkpoints resumes."""
+  run = from_config_dict(point_config(config, Point(fields)))
+  return fields if run.checkpoint_every or run.checkpoint_seconds else (*fields, ("resume", "False"))
+
+
+def run_points(points: dict[str, tuple[tuple[str, str], ...]], config_path: str, base: Sequence[str],
+               workdir: pathlib.Path, parallel: int = 1) -> dict[str, str]:
+  """Trains each named point (its fields) in `workdir/<name>/`, `parallel` at a time; returns {name: why} of those
+  that failed. Each point's progress is printed as it ends."""
+  failed = {}
+  with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+    futures = {pool.submit(_run_point, Point(fields).flags(), config_path, base, workdir / name): name
+               for name, fields in points.items()}
+    for future in concurrent.futures.as_completed(futures):
+      name = futures[future]
+      status, seconds = future.result()
+      if status == 0:
+        print(f"{name}: done in {seconds:.0f} s", flush=True)
+      else:
+        failed[name] = f"exit {status}: {_last_line(workdir / name / 'log.txt')}"
+        print(f"{name}: FAILED ({failed[name]}); log: {workdir / name / 'log.txt'}", flush=True)
+  return failed
+
+
+def _run_point(flags: Sequence[str], config_path: str, base: Sequence[str], out: pathlib.Path) -> tuple[int, float]:
   """Runs one point as `python -m launch.train` in its own process; returns (exit status, wall seconds)."""
-  out = workdir / point.name
   out.mkdir(parents=True, exist_ok=True)
-  command = [sys.executable, "-m", "launch.train", f"--config={config_path}", *base, *point.flags(),
+  command = [sys.executable, "-m", "launch.train", f"--config={config_path}", *base, *flags,
              f"--workdir={out}", "--config.progress=False"]
   env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))}
   start = time.perf_counter()
@@ -179,22 +208,13 @@ def run(config_path: str, config: ml_collections.ConfigDict, base: Sequence[str]
   for point in points:  # every point is valid before any runs
     from_config_dict(point_config(config, point))
   cli.check_workdir(str(workdir))
-  _record(workdir, config_path, base)
+  record(workdir / "sweep.json", config_path, base)
   todo = [p for p in points if not (workdir / p.name / summary.RESULTS_FILE).exists()]
   for point in points:
     if point not in todo:
       print(f"{point.name}: finished earlier, skipped", flush=True)
-  failed = {}
-  with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
-    futures = {pool.submit(_run_point, p, config_path, base, workdir): p for p in todo}
-    for future in concurrent.futures.as_completed(futures):
-      point = futures[future]
-      status, seconds = future.result()
-      if status == 0:
-        print(f"{point.name}: done in {seconds:.0f} s", flush=True)
-      else:
-        failed[point] = f"exit {status}: {_last_line(workdir / point.name / 'log.txt')}"
-        print(f"{point.name}: FAILED ({failed[point]}); log: {workdir / point.name / 'log.txt'}", flush=True)
+  failed = run_points({p.name: restartable(p.fields, config) for p in todo}, config_path, base, workdir, parallel)
+  failed = {p: failed[p.name] for p in points if p.name in failed}
   rows = compare(points, workdir, failed)
   if failed:
     raise SweepFailed(f"{len(failed)} of {len(points)} sweep points failed; see {workdir}/<point>/log.txt")

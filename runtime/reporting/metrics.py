@@ -24,8 +24,11 @@ from typing import Protocol
 import numpy as np
 import tqdm
 
+from runtime.errors import DataError
+
 Value = float | int | bool | str | list
 TIME_KINDS = ("modeled", "wall")  # what a record's `time` measures
+JSONL_NAME = "metrics.jsonl"
 _RESERVED = ("kind", "wall_time")  # keys the logger sets
 _WALL_TIME = re.compile(r', "wall_time": [0-9.e+-]+(?=}$)', re.MULTILINE)  # as the logger writes it, last
 
@@ -108,18 +111,20 @@ class _TensorBoard:
 
 
 class _TokenProgress:
-  """A tqdm bar on stderr that counts tokens and shows loss, tokens/s (labeled modeled or wall) and eval loss."""
+  """A tqdm bar on stderr that counts tokens: "compiling" until the first step lands, then loss, real tokens per wall
+  second (since that first step), tokens per modeled second under the virtual clock (labelled so), eval loss."""
 
   def __init__(self, total_tokens: int, time_kind: str):
-    # No tqdm rate: it uses wall-clock seconds; tok/s below uses the records' (maybe modeled) time.
-    self._rate_key = f"tok/s({time_kind})"
+    self._modeled = time_kind == "modeled"
+    self._first: tuple[float, int] | None = None  # (wall time, tokens) of the first training record
     self._bar = tqdm.tqdm(
         total=total_tokens,
+        desc="compiling",
         unit="tok",
         unit_scale=True,
         dynamic_ncols=True,
         file=sys.stderr,
-        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]",
+        bar_format="{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]",
     )
     self._postfix: dict[str, str] = {}
 
@@ -127,11 +132,17 @@ class _TokenProgress:
     kind = record["kind"]
     tokens = record.get("tokens")
     if kind in ("train", "merge") and isinstance(tokens, int):
+      if self._first is None:
+        self._first = (record["wall_time"], tokens)
+        self._bar.set_description_str("", refresh=False)
       if isinstance(record.get("loss"), (int, float)):
         self._postfix["loss"] = f"{record['loss']:.4g}"
+      wall = record["wall_time"] - self._first[0]
+      if wall > 0:
+        self._postfix["tok/s"] = tqdm.tqdm.format_sizeof((tokens - self._first[1]) / wall)
       seconds = record.get("time")
-      if isinstance(seconds, (int, float)) and seconds > 0:
-        self._postfix[self._rate_key] = tqdm.tqdm.format_sizeof(tokens / seconds)
+      if self._modeled and isinstance(seconds, (int, float)) and seconds > 0:
+        self._postfix["modeled tok/s"] = tqdm.tqdm.format_sizeof(tokens / seconds)
       self._bar.set_postfix(self._postfix, refresh=False)
       # Records may arrive out of order across learners; the bar never moves back.
       self._bar.update(max(0, tokens - self._bar.n))
@@ -174,13 +185,15 @@ class MetricsLogger:
       run_dir = pathlib.Path(workdir) / run
       kept = None
       if resume_after is not None:
-        old = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+        old, torn = read_records(run_dir / JSONL_NAME) if (run_dir / JSONL_NAME).exists() else ([], "")
+        if torn:  # the rewrite below drops it from the file too
+          print(f"{run_dir / JSONL_NAME}: {torn}; left out, and the file repaired", file=sys.stderr, flush=True)
         if keep_records is not None:
           kept = old[:keep_records]
         else:
           kept = [r for r in old if isinstance(r.get("tokens"), int) and r["tokens"] <= resume_after]
         self._records = kept
-      self._sinks.append(_JsonlFile(run_dir / "metrics.jsonl", kept))
+      self._sinks.append(_JsonlFile(run_dir / JSONL_NAME, kept))
       if tensorboard:
         self._sinks.append(_TensorBoard(run_dir / "tb", None if resume_after is None else resume_after + 1))
     if progress and total_tokens is not None:
@@ -232,6 +245,36 @@ def without_wall_time(text: str) -> str:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Value]]:
-  """Reads the records of a metrics.jsonl file, NaN and infinities included."""
-  with pathlib.Path(path).open(encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """Reads the records of a metrics.jsonl file, NaN and infinities included; a torn last line is left out."""
+  return read_records(path)[0]
+
+
+def read_records(path: str | os.PathLike) -> tuple[list[dict[str, Value]], str]:
+  """(the records of a metrics.jsonl file, what was left out: '' or its torn last line, described).
+
+  The file is append-only and flushed per record, so a process that died mid-write (power lost) leaves at most its
+  last line cut short: that line is left out. Any other line that is not a record, or a file that cannot be read,
+  is a DataError naming the file, the line and what to do.
+  """
+  path = pathlib.Path(path)
+  try:
+    lines = path.read_text(encoding="utf-8").splitlines()
+  except (OSError, UnicodeDecodeError) as error:
+    raise DataError(f"{path}: cannot be read as the run's records ({error}); move it aside (the run's checkpoints "
+                    "and model do not depend on it) or restore it") from None
+  records, torn = [], ""
+  numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+  for i, (n, line) in enumerate(numbered):
+    try:
+      record = json.loads(line)
+      if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    except ValueError as error:
+      if i == len(numbered) - 1:
+        torn = f"its last line ({n}) was cut short ({len(line)} characters: {error})"
+        break
+      raise DataError(f"{path}: line {n} is not a record ({error}): the file is damaged beyond its last line; move "
+                      "it aside to resume without the records before the checkpoint (training does not need them), "
+                      "or restore it") from None
+    records.append(record)
+  return records, torn

@@ -14,13 +14,16 @@ from typing import Any
 
 import jax
 
-from runtime.config.run import QUIET_FIELDS, RunConfig
+from runtime.config.run import CONTENT_FIELDS, QUIET_FIELDS, RESUMABLE_FIELDS, RunConfig
+from runtime.data import corpus
 from runtime.errors import UsageError
 from runtime.reporting.run_lock import RunLock, is_lock_file
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "ml-collections", "absl-py", "numpy",
              "pathwaysutils")
 _REPO = pathlib.Path(__file__).resolve().parent.parent
+RUN_JSON = "run.json"  # what the run is: its config, its data's digest, its environment
+RESULT_JSON = "result.json"  # its row of the summary table, written when it ends
 
 
 def _version(package: str) -> str | None:
@@ -73,44 +76,101 @@ def _next_free(workdir: pathlib.Path, name: str) -> str:
 
 def claim(workdir: str | os.PathLike, name: str, run: RunConfig, resumable: bool) -> tuple[str, RunLock]:
   """The directory name `run` writes to under `workdir`, locked for this process (see run_lock); nothing there is
-  ever overwritten by another run.
+  ever overwritten by another run, and no unfinished run is ever started afresh unless asked.
 
-  `name` if it is free, or if it holds this same run and `resumable` (the run resumes from its checkpoints). A
-  different config there is refused, naming the fields that differ, and so is a run directory another process
-  holds. With `resume=False`, or a run that cannot resume, the next free `name.2`, `name.3`, ... is used instead
-  (and said).
+  A run is found by its name. `name` is used if it is free, or if it holds this run and `resumable` (it resumes from
+  its checkpoints): the configs are compared field by field, the fields that may change (RESUMABLE_FIELDS, and a
+  dataset moved with its content unchanged) are taken and said, any other change is refused naming each field. A
+  finished run that cannot resume is followed by a new one in the next free `name.2`, `name.3`, ... (said), and so is
+  any run with `resume=False`; an unfinished one without checkpoints is refused.
   """
   workdir = pathlib.Path(workdir)
   lock = RunLock.take(workdir, name)  # before anything there is read
   run_dir = workdir / name
-  if not any(not is_lock_file(p) for p in run_dir.iterdir()):
-    return name, lock
-  record = run_dir / "run.json"
-  if run.resume and record.exists():
-    old, new = _flat(json.loads(record.read_text())["config"]), _flat(_config_json(run))
-    differ = [k for k in sorted(set(old) | set(new)) if k not in QUIET_FIELDS and old.get(k) != new.get(k)]
-    if differ:
-      lock.release()
-      raise UsageError(f"--workdir={workdir}: run '{name}' there has a different config ("
-                       + "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:8])
-                       + (f"; and {len(differ) - 8} more" if len(differ) > 8 else "") + "); allowed the same config "
-                       "(to resume it), --config.resume=False (a fresh run beside it) or another --workdir")
-    if resumable:
+  try:
+    if not any(not is_lock_file(p) for p in run_dir.iterdir()):
       return name, lock
+    if not run.resume:
+      return _beside(workdir, name, lock, "--config.resume=False asks for a new run")
+    record = _record_of(run_dir)
+    if record is None:
+      return _beside(workdir, name, lock, "it holds no run.json (no run of this version made it)")
+    taken, refused = differences(record, run)
+    if refused:
+      raise UsageError(f"--workdir={workdir}: run '{name}' there was trained with another config ("
+                       + "; ".join(refused) + f"); to train this config as a new run, give it another name "
+                       f"(launch.train --run_name=NAME) or another --workdir; to go on with '{name}', run it with its "
+                       "own config")
+    if resumable:
+      for line in taken:
+        print(f"{name}: {line}", flush=True)
+      return name, lock
+    if finished(run_dir):
+      return _beside(workdir, name, lock, f"it is finished and mode '{run.mode}' without checkpoints cannot resume")
+    raise UsageError(f"--workdir={workdir}: run '{name}' there is unfinished and has no checkpoints to resume from "
+                     f"(mode '{run.mode}', checkpoint_every = checkpoint_seconds = 0); to start it over deliberately: "
+                     "--config.resume=False (a new run beside it), or another run name or --workdir")
+  except BaseException:
+    lock.release()
+    raise
+
+
+def _beside(workdir: pathlib.Path, name: str, lock: RunLock, why: str) -> tuple[str, RunLock]:
+  """A new run directory beside `name`, said with `why`."""
   lock.release()
   fresh = _next_free(workdir, name)
-  why = "resume=False" if not run.resume else f"mode '{run.mode}' without checkpoints cannot resume"
-  print(f"{run_dir} holds an earlier run and {why}: this run goes to {workdir / fresh}", flush=True)
+  print(f"{workdir / name} holds an earlier run and {why}: this run goes to {workdir / fresh}", flush=True)
   return fresh, RunLock.take(workdir, fresh)
+
+
+def _record_of(run_dir: pathlib.Path) -> dict | None:
+  """The run.json of `run_dir` (None if there is none); a damaged one is a one-line UsageError saying what to do."""
+  path = run_dir / RUN_JSON
+  if not path.exists():
+    return None
+  try:
+    record = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+      raise ValueError("it holds no 'config' object")
+  except (OSError, ValueError, UnicodeDecodeError) as error:
+    raise UsageError(f"{path} is damaged ({error}): the run there cannot be checked against this config. Its "
+                     f"checkpoints and model are untouched: move {run_dir} aside (or restore its run.json) to resume "
+                     "it, or give this run another name or --workdir") from None
+  return record
+
+
+def finished(run_dir: pathlib.Path) -> bool:
+  """Whether the run in `run_dir` ran to its end (it wrote its result, or, before results were kept, its model)."""
+  return (run_dir / RESULT_JSON).exists() or (run_dir / "model" / "model.json").exists()
+
+
+def differences(record: dict, run: RunConfig) -> tuple[list[str], list[str]]:
+  """How `run` differs from the run `record` (a run.json) describes: (changes a resume takes, each a line to say;
+  changes that refuse it, each 'field: old there, new now'). A field the record predates counts at its default."""
+  before, now, default = _flat(record["config"]), _flat(_config_json(run)), _flat(_config_json(RunConfig()))
+  taken, refused = [], []
+  for key in sorted(set(before) | set(now)):
+    was, is_now = before.get(key, default.get(key)), now.get(key, default.get(key))
+    if was == is_now or key in QUIET_FIELDS:
+      continue
+    if key in RESUMABLE_FIELDS:
+      taken.append(f"{key} is now {is_now!r} (was {was!r})")
+    elif key in CONTENT_FIELDS and record.get("data_digest") == corpus.content_digest(is_now):
+      taken.append(f"the dataset moved: data.path {was!r} -> {is_now!r} holds the same data (digest "
+                   f"{record['data_digest']}), resuming on it")
+    else:
+      refused.append(f"{key}: {was!r} there, {is_now!r} now" + (" (other data)" if key in CONTENT_FIELDS else ""))
+  return taken, refused
 
 
 def write(run: RunConfig, run_dir: str | os.PathLike, name: str) -> pathlib.Path:
   """Writes `run_dir/run.json`: the run's name, seed, time model, full resolved config and environment."""
-  path = pathlib.Path(run_dir) / "run.json"
+  path = pathlib.Path(run_dir) / RUN_JSON
   path.parent.mkdir(parents=True, exist_ok=True)
   record = dict(name=name, mode=run.mode, seed=run.seed,
                 time="modeled (virtual clock)" if run.clock.kind == "virtual" else "wall (real clock)",
-                config=_config_json(run), environment=environment())
+                config=_config_json(run), data_digest=corpus.content_digest(run.data.path),
+                environment=environment())
   cpu = record["environment"]["backend"] == "cpu"
   record["environment"]["devices_used"] = run.num_devices if cpu else record["environment"]["device_count"]
   path.write_text(json.dumps(record, indent=2, allow_nan=True, default=str) + "\n")

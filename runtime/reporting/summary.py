@@ -31,7 +31,6 @@ _KIND_STYLES: Mapping[str, Mapping[str, object]] = {
     "eval": {"linestyle": "--", "marker": "o", "markersize": 3},
     "merge": {"linestyle": ":", "marker": ".", "markersize": 3},
 }
-_AXIS_LABELS: Mapping[str, str] = {"loss": "loss (nats/byte)"}
 
 
 def _is_number(value: object) -> bool:
@@ -133,16 +132,22 @@ def write_experiment(rows: list[dict], columns: Sequence[str], title: str, workd
 
 
 def plot_lines(series: Mapping[str, Sequence[tuple[float, float]]], path: str | os.PathLike, *, x_label: str,
-               y_label: str, title: str = "", log: bool = False) -> pathlib.Path:
-  """Writes one line per series of (x, y) points (log-log axes if `log`) as a PNG at `path`."""
+               y_label: str, title: str = "", log: str = "", dashed: Sequence[str] = (),
+               colors: Mapping[str, str] | None = None, hline: float | None = None) -> pathlib.Path:
+  """Writes one line per series of (x, y) points as a PNG at `path`: the axes named in `log` ("x", "y", "xy") on a
+  log scale, the series named in `dashed` dashed, `colors` by series name, and a horizontal rule at `hline`."""
   figure = Figure(figsize=(7.0, 4.5), layout="constrained")
   ax = figure.subplots()
   for name, points in series.items():
     xs, ys = zip(*sorted(points))
-    ax.plot(xs, ys, marker="o", label=name)
-  if log:
+    ax.plot(xs, ys, marker="o", label=name, linestyle="--" if name in dashed else "-",
+            color=(colors or {}).get(name))
+  if "x" in log:
     ax.set_xscale("log")
+  if "y" in log:
     ax.set_yscale("log")
+  if hline is not None:
+    ax.axhline(hline, color="gray", linewidth=0.8)
   ax.set_xlabel(x_label)
   ax.set_ylabel(y_label)
   ax.grid(True, alpha=0.3)
@@ -168,6 +173,7 @@ def curves_figure(
     title: str = "",
     log_y: bool = False,
     time_kind: str | None = None,
+    loss_unit: str = "nats/byte",
 ) -> Figure:
   """Plots `y` against each key of `x` (one subplot each), one line per (run, kind).
 
@@ -201,7 +207,7 @@ def curves_figure(
           f"x key '{x_key}' and y keys {[y_keys.get(kind, y) for kind in kinds]}"
       )
     ax.set_xlabel(x_labels[x_key])
-    ax.set_ylabel(_AXIS_LABELS.get(y, y))
+    ax.set_ylabel(f"loss ({loss_unit})" if y == "loss" else y)
     if log_y:
       ax.set_yscale("log")
     ax.grid(True, alpha=0.3)

@@ -1,6 +1,7 @@
 """What every training mode shares: corpus, held-out batches, evaluation, logging, the final report."""
 
 import dataclasses
+import math
 import os
 import pathlib
 import time
@@ -12,6 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from runtime.data import corpus as corpus_lib
 from runtime.data import shards as data_lib
+from runtime.data import tokenizers
 from runtime.reporting import summary
 from runtime.config.run import RunConfig
 from runtime.reporting.metrics import MetricsLogger
@@ -44,6 +46,14 @@ class RunResult:
                 wall_s=self.wall_seconds, modeled_s=self.virtual_seconds, tokens_per_wall_s=self.tokens_per_second,
                 **self.extras)
 
+  @classmethod
+  def from_row(cls, row: dict, records: list, time_kind: str) -> "RunResult":
+    """A finished run read back: its summary row, its records and what their `time` measures."""
+    named = ("run", "mode", "tokens", "eval_loss", "wall_s", "modeled_s", "tokens_per_wall_s")
+    return cls(run=row["run"], mode=row["mode"], tokens=row["tokens"], final_eval_loss=row["eval_loss"],
+               wall_seconds=row["wall_s"], virtual_seconds=row["modeled_s"], tokens_per_second=row["tokens_per_wall_s"],
+               records=records, extras={k: v for k, v in row.items() if k not in named}, time_kind=time_kind)
+
 
 class Experiment:
   """Loads the corpus once and provides shards, held-out batches and a jitted evaluator."""
@@ -52,8 +62,18 @@ class Experiment:
     self.run = run
     self.corpus = corpus_lib.load_corpus(run.data.path, run.data.eval_fraction, run.data.max_bytes)
     self.eval_batches_NxBxT = data_lib.eval_batches(
-        self.corpus.eval, batch_size=max(run.data.batch_size // max(run.learners, 1), 1),
+        self.corpus.eval, batch_size=run.eval_batch,
         seq_len=run.data.seq_len, num_batches=run.eval_batches)
+    short = data_lib.short_of(self.eval_batches_NxBxT, run.eval_batches, run.eval_batch)
+    if short:
+      print(f"data.path = {run.data.path!r}: {short}", flush=True)
+    tokenizer, _ = tokenizers.of_data(run.data.path)
+    # What the loss is per: a byte (text read byte-level) or a token; with tokens, the held-out set's UTF-8 bytes
+    # per token turn the loss into bits per byte, comparable across tokenizers.
+    self.loss_unit = "nats/byte" if tokenizer.kind == "byte" else "nats/token"
+    scored = self.eval_batches_NxBxT[..., 1:]
+    self._bytes_per_token = (None if tokenizer.kind == "byte"
+                             else float(tokenizer.byte_lengths()[scored].sum()) / max(scored.size, 1))
     self._evaluators: dict[Mesh, Callable] = {}
 
   def shard(self, shard_index: int, num_shards: int, batch_size: int) -> data_lib.ShardIterator:
@@ -61,6 +81,12 @@ class Experiment:
     return data_lib.ShardIterator(self.corpus.train, batch_size=batch_size, seq_len=self.run.data.seq_len,
                                   num_shards=num_shards, shard_index=shard_index, seed=self.run.seed,
                                   layout=self.run.data.shard_layout)
+
+  def eval_fields(self, loss: float) -> dict:
+    """An eval record's loss fields: `eval_loss` (in `loss_unit`), and for tokens also `eval_bits_per_byte`."""
+    if self._bytes_per_token is None:
+      return dict(eval_loss=loss)
+    return dict(eval_loss=loss, eval_bits_per_byte=loss / math.log(2) / max(self._bytes_per_token, 1e-9))
 
   def evaluate(self, params: PyTree, mesh: Mesh) -> float:
     """Mean held-out loss of `params` computed on `mesh` (params must already live there)."""
@@ -89,8 +115,9 @@ def make_logger(run: RunConfig, workdir: str | os.PathLike | None, name: str,
                        resume_after=resume_after, keep_records=keep_records)
 
 
-def finish(results: list[RunResult], workdir: str | os.PathLike | None, title: str) -> str:
-  """Prints/writes the summary table and the loss plots; returns the table text."""
+def finish(results: list[RunResult], workdir: str | os.PathLike | None, title: str,
+           loss_unit: str = "nats/byte") -> str:
+  """Prints/writes the summary table and the loss plots (losses in `loss_unit`); returns the table text."""
   columns = list(dict.fromkeys(k for r in results for k in r.row()))
   table = summary.summary_table([r.row() for r in results], columns, title=title)
   if workdir is not None:
@@ -103,7 +130,8 @@ def finish(results: list[RunResult], workdir: str | os.PathLike | None, title: s
     time_kinds = {r.time_kind for r in results}
     x = ("tokens", "time") if len(time_kinds) == 1 else ("tokens",)  # modeled and wall seconds share no axis
     write_atomically(out / "loss.png", lambda tmp: summary.plot_curves(
-        runs, tmp, x=x, kinds=("train", "merge", "eval"), title=title, time_kind=results[0].time_kind))
+        runs, tmp, x=x, kinds=("train", "merge", "eval"), title=title, time_kind=results[0].time_kind,
+        loss_unit=loss_unit))
   return table
 
 

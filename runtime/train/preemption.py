@@ -4,17 +4,18 @@
 records a request: the loop finishes the step in progress, saves a checkpoint of its state as it stands, waits for
 it to be committed and verified, and raises `Interrupted`, which the command line prints as one line and exits with
 128 + the signal's number (143, 130). A second signal exits at once (the save in progress is never committed, so
-the previous checkpoint stays the newest).
+the previous checkpoint stays the newest), saying what is on disk: the checkpoints each run's store reports.
 """
 
 import contextlib
 import os
 import signal
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _requested: list[int] = []  # the signal received, if any
+_on_disk: list[Callable[[], str]] = []  # each open checkpoint store's account of what it has committed
 
 
 class Interrupted(Exception):
@@ -33,8 +34,9 @@ def requested() -> int | None:
 def _handle(signum: int, frame) -> None:
   del frame
   if _requested:
-    os.write(2, f"\n{signal.Signals(signum).name} again: stopping at once; the newest committed checkpoint "
-                f"stays\n".encode())
+    found = "; ".join(describe() for describe in _on_disk) or "this process has no checkpoint to resume from"
+    os.write(2, f"\n{signal.Signals(signum).name} again: stopping at once, the save in progress abandoned; "
+                f"{found}\n".encode())
     os._exit(128 + signum)  # pylint: disable=protected-access
   _requested.append(signum)
   os.write(2, f"\n{signal.Signals(signum).name}: stopping after the step in progress (again to stop at "
@@ -54,6 +56,17 @@ def handling() -> Iterator[None]:
     for s, handler in previous.items():
       signal.signal(s, handler)
     _requested.clear()
+
+
+def watch(describe: Callable[[], str]) -> None:
+  """A checkpoint store opened: a second signal says what `describe()` finds it has committed."""
+  _on_disk.append(describe)
+
+
+def unwatch(describe: Callable[[], str]) -> None:
+  """The store closed."""
+  if describe in _on_disk:
+    _on_disk.remove(describe)
 
 
 def stop_message(where: str, saved: str | None) -> str:

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from models.lm import loss_fn
+from models.lm import loss_fn, train_loss
 from models.config import ModelConfig
 
 PyTree = Any
@@ -56,7 +56,7 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
   def train_step(state: TrainState, batch_BxT: jax.Array) -> tuple[TrainState, dict]:
     if step_hook is not None:
       state = state.replace(step=step_hook(state.step))
-    loss, grads = jax.value_and_grad(loss_fn)(state.params, cfg, batch_BxT)
+    (_, loss), grads = jax.value_and_grad(train_loss, has_aux=True)(state.params, cfg, batch_BxT)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)

@@ -16,7 +16,8 @@ from models.lm import loss_fn
 from runtime.data import corpus, manifest as manifest_lib, prepared, shards
 from runtime.errors import DataError
 from runtime.train.programs import make_eval
-from runtime.trained.saved import Loaded, data_tokenizer
+from runtime.data import tokenizers
+from runtime.trained.saved import Loaded
 
 SPLITS = ("eval", "train")
 WINDOWS = ("all", "run")
@@ -56,7 +57,7 @@ def evaluate(model: Loaded, data_path: str | None = None, *, split: str = "eval"
 def _stream(model: Loaded, data_path: str, split: str, run_data: dict) -> "np.ndarray | prepared.TokenSplit":
   """The split's token stream, in the model's tokenizer."""
   if manifest_lib.path_of(data_path) is not None:
-    theirs, _ = data_tokenizer(data_path)
+    theirs, _ = tokenizers.of_data(data_path)
     ours = model.tokenizer
     if theirs.serialized() != ours.serialized():
       raise DataError(f"--data = {data_path!r} was tokenized with {theirs.kind} ({theirs.vocab_size} ids), the model "

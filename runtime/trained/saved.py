@@ -25,7 +25,7 @@ from models import lm
 from models.config import ModelConfig
 from runtime.checkpoint import store
 from runtime.config.run import RunConfig
-from runtime.data import manifest as manifest_lib, tokenizers
+from runtime.data import tokenizers
 from runtime.errors import DataError
 
 PyTree = Any
@@ -46,20 +46,12 @@ def digest(params: PyTree) -> str:
   return sha.hexdigest()
 
 
-def data_tokenizer(data_path: str) -> tuple[tokenizers.Tokenizer, pathlib.Path | None]:
-  """The tokenizer of a run's data (a prepared dataset's, or bytes) and the directory that keeps its file."""
-  if manifest_lib.path_of(data_path) is None:
-    return tokenizers.ByteTokenizer(), None
-  directory = pathlib.Path(data_path).expanduser().resolve()
-  return tokenizers.load(manifest_lib.read(directory)["tokenizer"]["kind"], directory), directory
-
-
 def save(directory: pathlib.Path, run: RunConfig, params: PyTree, *, run_name: str, tokens: int,
          eval_loss: float, merge: int | None = None) -> pathlib.Path:
   """Writes the model `params` of `run` to `directory` (`<run>/model`, or `<run>/models/merge-N` with `merge`),
   replacing one there, atomically; returns it."""
   params = jax.device_get(params)
-  tokenizer, source = data_tokenizer(run.data.path)
+  tokenizer, source = tokenizers.of_data(run.data.path)
   directory = pathlib.Path(directory).resolve()  # (orbax writes only to absolute paths)
   tmp = directory.with_name(f".{directory.name}.{os.getpid()}.tmp")
   shutil.rmtree(tmp, ignore_errors=True)
@@ -76,7 +68,7 @@ def save(directory: pathlib.Path, run: RunConfig, params: PyTree, *, run_name: s
       run=dict(name=run_name, directory=str(directory.parent if merge is None else directory.parent.parent),
                mode=run.mode, merge=merge),
       data=dict(path=run.data.path, eval_fraction=run.data.eval_fraction, max_bytes=run.data.max_bytes,
-                seq_len=run.data.seq_len, eval_batch_size=max(run.data.batch_size // max(run.learners, 1), 1),
+                seq_len=run.data.seq_len, eval_batch_size=run.eval_batch,
                 eval_batches=run.eval_batches),
       tokens=int(tokens), eval_loss=float(eval_loss), digest=digest(params),
       created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -156,7 +148,7 @@ def _from_checkpoint(run_dir: pathlib.Path, merge: int) -> Loaded:
   arrays, meta = store.read(run_dir / "checkpoints", merge)
   keys = meta["syncer"]["params"]["keys"]
   params = jax.tree.unflatten(jax.tree.structure(lm.abstract_params(config)), [arrays[k] for k in keys])
-  tokenizer, _ = data_tokenizer(run["config"]["data"]["path"])
+  tokenizer, _ = tokenizers.of_data(run["config"]["data"]["path"])
   record = dict(run=dict(name=run.get("name"), directory=str(run_dir), mode=run["mode"], merge=merge),
                 tokens=meta["log"]["tokens_merged"], digest=digest(params), data=run["config"]["data"])
   return Loaded(config, params, tokenizer, record)

@@ -82,3 +82,17 @@ def test_a_two_by_two_sweep_writes_one_table_and_plot_and_a_second_invocation_sk
   # The same workdir with another base config is refused, not mixed in.
   third = launch("sweep", *args, "--config.seed=1", cwd=tmp_path)
   assert third.returncode == 2 and "--workdir" in third.stderr
+
+
+def test_a_damaged_sweep_record_is_one_line_naming_it(tmp_path):
+  (tmp_path / "sweep.json").write_text('{"config": "smo')
+  with pytest.raises(UsageError, match=r"sweep.json is damaged .*restore it, or write"):
+    sweep.record(tmp_path / "sweep.json", "configs/smoke.py", [])
+
+
+def test_a_point_without_checkpoints_starts_over_when_rerun_one_with_checkpoints_resumes():
+  config = smoke.get_config()
+  fields = (("outer.quorum", "2"),)
+  assert sweep.restartable(fields, config) == (*fields, ("resume", "False"))  # an interrupted one cannot resume
+  config.checkpoint_every = 2
+  assert sweep.restartable(fields, config) == fields

@@ -37,6 +37,13 @@ def _save_three(directory: pathlib.Path) -> Checkpoints:
   return checkpoints
 
 
+def test_a_file_where_the_checkpoints_directory_should_be_is_one_line_naming_it(tmp_path):
+  (tmp_path / "checkpoints").write_text("not a directory")
+  with pytest.raises(DataError, match=r"checkpoints is not a directory of checkpoints \(a file is there\)"):
+    Checkpoints(tmp_path / "checkpoints")
+  assert (tmp_path / "checkpoints").read_text() == "not a directory"  # nothing there changed
+
+
 def test_the_newest_sound_checkpoint_is_restored_with_its_metadata(tmp_path):
   _save_three(tmp_path)
   step, state, meta = Checkpoints(tmp_path).restore_latest({"w": jnp.zeros((64,))})

@@ -2,6 +2,7 @@
 
 import json
 import math
+import pathlib
 import shutil
 
 import pytest
@@ -66,3 +67,26 @@ def test_the_command_line_trains_on_a_prepared_dataset_and_refuses_a_damaged_sha
   assert json.loads(run_json.read_text())["config"]["model"]["vocab_size"] == 512
   (row,) = json.loads((tmp_path / "run" / "results.json").read_text())
   assert math.isfinite(row["eval_loss"]) and row["eval_loss"] < math.log(512)
+
+
+@pytest.mark.slow  # ~1.5 minutes: a SentencePiece tokenizer trained, then two launches on its 512-id vocabulary
+def test_a_25_document_corpus_trains_under_the_command_prepare_data_prints_with_smoke_and_default(tmp_path):
+  import shlex  # pylint: disable=g-import-not-at-top
+  import sysconfig  # pylint: disable=g-import-not-at-top
+  email = pathlib.Path(sysconfig.get_paths()["stdlib"]) / "email"
+  prepared = launch("prepare_data", f"--input={email}", f"--output={tmp_path / 'email'}", "--tokenizer=sentencepiece",
+                    "--vocab_size=512", cwd=tmp_path)
+  assert prepared.returncode == 0, prepared.stderr[-3000:]
+  assert "eval split kept:" in prepared.stdout and "fewer than the 64 the default config evaluates on" in prepared.stdout
+  (line,) = [l for l in prepared.stdout.splitlines() if l.startswith("train on it: ")]
+  command = shlex.split(line.removeprefix("train on it: "))
+  assert command[:3] == ["python", "-m", "launch.train"]
+  quick = ["--config.learners=2", "--config.num_devices=2", "--config.total_steps=4", "--config.inner_steps=2",
+           "--config.eval_every=2", "--config.progress=False", "--config.tensorboard=False", FAST[-1]]
+  for config in ("default", "smoke"):
+    args = [f"--config={config}" if a.startswith("--config=") else a for a in command[3:]]
+    out = launch("train", *args, *quick, f"--workdir={tmp_path / config}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "evaluating on" in out.stdout  # the windows there are, said in one line
+    (row,) = json.loads((tmp_path / config / "results.json").read_text())
+    assert math.isfinite(row["eval_loss"]) and row["eval_loss"] < math.log(512) + 1

@@ -98,13 +98,19 @@ def test_a_model_whose_arrays_do_not_match_its_digest_is_refused(trained, tmp_pa
 BAD = [
     ("sample", ["--model=NOWHERE"], "no model in"),
     ("evaluate", ["--model=RUN", "--data=DATA"], "was tokenized with sentencepiece (512 ids), the model with byte"),
+    ("evaluate", ["--model=RUN", "--data=BINARY"], "holds no text: its 2 file(s) are binary"),
 ]
 
 
 @pytest.mark.parametrize("module,args,named", BAD, ids=[f"{m}:{a[-1][:20]}" for m, a, _ in BAD])
 def test_bad_input_is_one_line_and_exit_2(trained, prepared_dataset, tmp_path, module, args, named):
   _, run_dir, _ = trained
-  swap = {"NOWHERE": str(tmp_path / "nowhere"), "RUN": str(run_dir), "DATA": str(prepared_dataset)}
+  binary = tmp_path / "binary"
+  binary.mkdir()
+  (binary / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 8)
+  (binary / "noise.bin").write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+  swap = {"NOWHERE": str(tmp_path / "nowhere"), "RUN": str(run_dir), "DATA": str(prepared_dataset),
+          "BINARY": str(binary)}
   args = [a.split("=")[0] + "=" + swap.get(a.split("=", 1)[1], a.split("=", 1)[1]) for a in args]
   out = launch(module, *args, cwd=tmp_path)
   assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]

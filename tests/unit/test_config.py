@@ -31,6 +31,8 @@ def _with(path: str, value):
     ("overlap_steps", 30, "overlap_steps"),
     ("data.seq_len", 4096, "data.seq_len"),
     ("model.num_heads", 5, "model.num_heads"),
+    ("tokens_per_param", -20.0, "tokens_per_param"),
+    ("eval_batch_size", -1, "eval_batch_size"),
 ])
 def test_invalid_value_names_its_field_and_what_is_allowed(path, value, names):
   with pytest.raises(ConfigError) as err:
@@ -176,11 +178,54 @@ def test_more_fragments_than_the_model_has_tensors_is_refused_naming_both_number
   from_config_dict(config)
 
 
-@pytest.mark.parametrize("layers,positions", [(1, "rotary"), (2, "rotary"), (3, "learned")])
-def test_the_models_tensor_count_is_that_of_its_parameter_tree(layers, positions):
+@pytest.mark.parametrize("layers,positions,qk_norm", [(1, "rotary", False), (2, "rotary", True),
+                                                      (3, "learned", False), (2, "learned", True)])
+def test_the_models_tensor_and_parameter_counts_are_those_of_its_parameter_tree(layers, positions, qk_norm):
   import dataclasses  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from models import lm  # pylint: disable=g-import-not-at-top
   from models.config import ModelConfig  # pylint: disable=g-import-not-at-top
-  cfg = dataclasses.replace(ModelConfig(), num_layers=layers, positions=positions)
-  assert cfg.num_tensors() == len(jax.tree.leaves(lm.abstract_params(cfg)))
+  cfg = dataclasses.replace(ModelConfig(), num_layers=layers, positions=positions, qk_norm=qk_norm, d_model=96,
+                            num_heads=4, mlp_dim=160)
+  abstract = lm.abstract_params(cfg)
+  assert cfg.num_tensors() == len(jax.tree.leaves(abstract))
+  assert cfg.num_params() == sum(x.size for x in jax.tree.leaves(abstract))
+
+
+def test_a_budget_in_tokens_per_parameter_sets_the_steps_from_the_model_and_the_global_batch():
+  config = default.get_config()
+  config.tokens_per_param = 20.0
+  run = from_config_dict(config)
+  assert run.model.num_params() == 428_544  # the default ("small") model
+  assert run.total_steps == 30 * round(20 * 428_544 / (32 * 128 * 30)) == 2100  # whole rounds of H = 30
+  config.model.size = "tiny"
+  config.data.batch_size = 8
+  config.inner_steps = 10
+  assert from_config_dict(config).total_steps == 10 * round(20 * 115_968 / (8 * 128 * 10)) == 2260
+  config.tokens_per_param = 0.0  # off: total_steps decides
+  assert from_config_dict(config).total_steps == 300
+
+
+def test_the_held_out_batch_is_a_learners_share_unless_set_and_then_the_same_for_every_m():
+  config = default.get_config()
+  assert from_config_dict(config).eval_batch == 32 // 4
+  config.eval_batch_size = 16
+  assert from_config_dict(config).eval_batch == 16
+  config.learners = 2
+  assert from_config_dict(config).eval_batch == 16
+
+
+def test_every_invalid_field_is_reported_at_once():
+  config = default.get_config()
+  config.learners = 3  # neither the global batch of 32 nor the 8 devices split three ways
+  config.inner.lr = -1.0
+  with pytest.raises(ConfigError) as err:
+    from_config_dict(config)
+  assert [e.field for e in err.value.errors] == ["data.batch_size", "num_devices", "inner.lr"]
+  assert str(err.value).startswith("3 config fields are invalid:") and str(err.value).count("allowed") == 3
+  config = default.get_config()
+  config.model.num_heads = 0  # a zero no later check divides by
+  config.outer.lr = 0.0
+  with pytest.raises(ConfigError) as err:
+    from_config_dict(config)
+  assert [e.field for e in err.value.errors] == ["model.num_heads", "outer.lr"]

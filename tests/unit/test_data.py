@@ -88,10 +88,10 @@ def test_both_splits_get_a_file_even_when_the_hash_puts_all_on_one_side(tmp_path
 
 def test_single_file_holds_out_its_tail(tmp_path):
   path = tmp_path / "input.txt"
-  path.write_bytes(bytes(range(100)))
+  path.write_bytes(bytes(range(1, 101)))  # (no NUL: that would make it binary)
   loaded = corpus.load_corpus(str(path), eval_fraction=0.1)
-  assert loaded.train.tobytes() == bytes(range(90))
-  assert loaded.eval.tobytes() == bytes(range(90, 100))
+  assert loaded.train.tobytes() == bytes(range(1, 91))
+  assert loaded.eval.tobytes() == bytes(range(91, 101))
 
 
 def test_max_bytes_reads_files_in_sorted_order_up_to_the_cap(tmp_path):
@@ -316,9 +316,17 @@ def test_eval_batches_are_fixed_evenly_spaced_windows():
                                                            num_batches=5))
 
 
-def test_eval_split_too_small_says_what_it_has_and_needs():
-  with pytest.raises(DataError, match=r"eval split has 1000 tokens \(100 .* need 1100 tokens"):
-    data.eval_batches(_TOKENS, batch_size=10, seq_len=9, num_batches=11)
+def test_an_eval_split_too_small_gives_every_window_it_has_and_says_so():
+  batches = data.eval_batches(_TOKENS, batch_size=10, seq_len=9, num_batches=11)  # 100 windows of the 110 asked
+  assert batches.shape == (10, 10, 10)
+  np.testing.assert_array_equal(batches[:, :, 0].ravel(), np.arange(0, 1000, 10))  # each window once
+  assert "holds 100 windows of 10 tokens, fewer than 11 batches of 10: evaluating on 10 batch(es) of 10" in \
+      data.short_of(batches, 11, 10)
+  few = data.eval_batches(_TOKENS[:70], batch_size=8, seq_len=9, num_batches=2)  # 7 windows: one batch of them
+  assert few.shape == (1, 7, 10) and data.short_of(few, 2, 8)
+  assert data.short_of(data.eval_batches(_TOKENS, batch_size=2, seq_len=9, num_batches=5), 5, 2) == ""
+  with pytest.raises(DataError, match=r"eval split has 5 tokens: not one window of seq_len \+ 1 = 10"):
+    data.eval_batches(_TOKENS[:5], batch_size=2, seq_len=9, num_batches=1)
 
 
 def test_strided_shards_are_disjoint_cover_every_window_and_each_spans_the_stream():
@@ -329,3 +337,19 @@ def test_strided_shards_are_disjoint_cover_every_window_and_each_spans_the_strea
   everything = np.concatenate(seen)
   assert len(everything) == len(set(everything.tolist())) == 40
   assert all(ids.min() < 8 and ids.max() >= 32 for ids in seen)
+
+
+def test_binary_files_are_left_out_of_a_text_corpus_with_one_line_and_none_left_is_refused(tmp_path, capsys):
+  (tmp_path / "a.py").write_text("print('hello')\n" * 50)
+  (tmp_path / "b.txt").write_text("plain text\n" * 50)
+  (tmp_path / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" * 20)
+  loaded = corpus.load_corpus(str(tmp_path), 0.5)
+  assert b"\x89PNG" not in loaded.train.tobytes() + loaded.eval.tobytes()
+  assert loaded.train_files + loaded.eval_files == 2
+  assert "1 of 3 files are binary (they hold NUL bytes) and are left out (the first: image.png)" in \
+      capsys.readouterr().out
+  only = tmp_path / "only"
+  only.mkdir()
+  (only / "noise.bin").write_bytes(bytes(range(256)) * 4)
+  with pytest.raises(DataError, match=r"holds no text: its 1 file\(s\) are binary .*the first: noise.bin"):
+    corpus.load_corpus(str(only), 0.5)

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from runtime.reporting import metrics as metrics_lib
 from runtime.reporting import summary
 from runtime.reporting.metrics import MetricsLogger, read_jsonl, without_wall_time
 
@@ -129,25 +130,34 @@ def test_disabled_progress_bar_prints_nothing(
   assert capsys.readouterr().err == ""
 
 
-def test_progress_bar_counts_tokens_and_shows_loss_rate_and_eval_loss(
-    capsys: pytest.CaptureFixture[str],
+def test_progress_bar_says_compiling_until_the_first_step_then_real_and_modeled_rates_apart(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ):
+  clock = iter([100.0, 102.0, 104.0])
+  monkeypatch.setattr(metrics_lib.time, "time", lambda: next(clock))
   with MetricsLogger(None, total_tokens=1000) as logger:
+    assert "compiling" in capsys.readouterr().err  # the bar before any step: the programs are being compiled
     logger.log("train", {"tokens": 400, "time": 2.0, "loss": 2.5})
     logger.log("eval", {"tokens": 400, "eval_loss": 2.75})
     logger.log("merge", {"tokens": 600, "time": 3.0})
 
   final = capsys.readouterr().err.split("\r")[-1]
-  assert "600/1.00k" in final
-  assert "loss=2.5" in final and "tok/s(modeled)=200" in final and "eval_loss=2.75" in final
+  assert "600/1.00k" in final and "compiling" not in final
+  assert "loss=2.5" in final and "eval_loss=2.75" in final
+  assert "tok/s=50" in final  # 200 tokens in the 4 wall seconds since the first step
+  assert "modeled tok/s=200" in final  # 600 tokens in 3 modeled seconds
 
 
-def test_progress_bar_says_whether_its_tokens_per_second_are_wall_or_modeled(capsys: pytest.CaptureFixture[str]):
+def test_progress_bar_under_the_real_clock_shows_no_modeled_rate(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+  clock = iter([10.0, 12.0])
+  monkeypatch.setattr(metrics_lib.time, "time", lambda: next(clock))
   with MetricsLogger(None, total_tokens=1000, time_kind="wall") as logger:
     logger.log("train", {"tokens": 400, "time": 2.0, "loss": 2.5})
+    logger.log("train", {"tokens": 600, "time": 4.0, "loss": 2.4})
 
   final = capsys.readouterr().err.split("\r")[-1]
-  assert "tok/s(wall)=200" in final and "modeled" not in final
+  assert "tok/s=100" in final and "modeled" not in final
   with pytest.raises(ValueError, match="time_kind='virtual'.*'modeled', 'wall'"):
     MetricsLogger(None, time_kind="virtual")
 

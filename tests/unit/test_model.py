@@ -49,3 +49,44 @@ def test_fsdp_specs_split_each_large_tensor_along_a_divisible_axis():
   replicated = jax.jit(lm.init_params, static_argnums=0,
                        out_shardings=lm.param_shardings(cfg, mesh, fsdp=False))(cfg, jax.random.key(0))
   np.testing.assert_array_equal(np.asarray(mlp_in), np.asarray(replicated["block_0"]["mlp_in"]["kernel"]))
+
+
+def test_qk_norm_bounds_each_heads_query_and_key_and_changes_the_function():
+  cfg = ModelConfig(num_layers=1, d_model=32, num_heads=2, mlp_dim=64, max_len=16, qk_norm=True)
+  params = lm.init_params(cfg, jax.random.key(0))
+  attention = params["block_0"]["attn"]
+  assert attention["query_norm"]["scale"].shape == attention["key_norm"]["scale"].shape == (16,)  # head size
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 16)), jnp.int32)
+  plain = {k: v for k, v in attention.items() if not k.endswith("_norm")}
+  without = lm.init_params(ModelConfig(num_layers=1, d_model=32, num_heads=2, mlp_dim=64, max_len=16),
+                           jax.random.key(0))
+  without["block_0"]["attn"] = plain
+  # Queries scaled up 100x: the normed model's logits do not move, the plain model's do.
+  scaled = lambda p: {**p, "block_0": {**p["block_0"], "attn": {**p["block_0"]["attn"], "query": {
+      "kernel": 100 * p["block_0"]["attn"]["query"]["kernel"]}}}}
+  normed = ModelConfig(num_layers=1, d_model=32, num_heads=2, mlp_dim=64, max_len=16, qk_norm=True)
+  np.testing.assert_allclose(TransformerLM(normed).apply({"params": scaled(params)}, tokens),
+                             TransformerLM(normed).apply({"params": params}, tokens), rtol=1e-4, atol=1e-4)
+  unnormed = ModelConfig(num_layers=1, d_model=32, num_heads=2, mlp_dim=64, max_len=16)
+  assert not np.allclose(TransformerLM(unnormed).apply({"params": scaled(without)}, tokens),
+                         TransformerLM(unnormed).apply({"params": without}, tokens), atol=1e-2)
+
+
+def test_z_loss_adds_the_squared_log_normalizer_to_the_objective_and_its_gradient_shrinks_it():
+  cfg = ModelConfig(num_layers=1, d_model=32, num_heads=2, mlp_dim=64, max_len=16)
+  params = lm.init_params(cfg, jax.random.key(1))
+  batch = jnp.asarray(np.random.default_rng(1).integers(0, 256, (4, 17)), jnp.int32)
+  plain_objective, plain_ce = lm.train_loss(params, cfg, batch)
+  assert float(plain_objective) == float(plain_ce) == float(lm.loss_fn(params, cfg, batch))
+  with_z = ModelConfig(num_layers=1, d_model=32, num_heads=2, mlp_dim=64, max_len=16, z_loss=0.5)
+  objective, ce = lm.train_loss(params, with_z, batch)
+  logits = TransformerLM(cfg).apply({"params": params}, batch[:, :-1])
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  np.testing.assert_allclose(float(ce), float(plain_ce), rtol=1e-6)
+  np.testing.assert_allclose(float(objective), float(ce) + 0.5 * float(jnp.mean(log_z**2)), rtol=1e-5)
+  # A step down the z-loss alone moves log Z towards 0.
+  z_only = lambda p: lm.train_loss(p, with_z, batch)[0] - lm.train_loss(p, with_z, batch)[1]
+  grads = jax.grad(z_only)(params)
+  stepped = jax.tree.map(lambda p, g: p - 1e-2 * g, params, grads)
+  after = jax.nn.logsumexp(TransformerLM(cfg).apply({"params": stepped}, batch[:, :-1]), axis=-1)
+  assert float(jnp.mean(after**2)) < float(jnp.mean(log_z**2))

@@ -37,3 +37,30 @@ def test_outside_its_block_a_signal_behaves_as_before_and_no_request_is_left():
   with preemption.handling():
     assert signal.getsignal(signal.SIGTERM) is not before
   assert signal.getsignal(signal.SIGTERM) is before and preemption.requested() is None
+
+
+_TWICE_WITH_CHECKPOINTS = """
+import os, pathlib, signal, time
+from runtime.checkpoint.store import Checkpoints
+from runtime.train import preemption
+store = Checkpoints({directory!r})
+for step in {committed!r}:
+  (pathlib.Path({directory!r}) / str(step)).mkdir()
+  (pathlib.Path({directory!r}) / str(step) / "commit_success.txt").write_text("")
+with preemption.handling():
+  os.kill(os.getpid(), signal.SIGTERM)
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("committed,said", [((), "no checkpoint under {directory} is committed yet"),
+                                            ((3, 7), "checkpoint 7 under {directory} is the newest committed")])
+def test_a_second_signal_says_what_is_on_disk(tmp_path, committed, said):
+  directory = str(tmp_path / "checkpoints")
+  done = subprocess.run([sys.executable, "-c", _TWICE_WITH_CHECKPOINTS.format(directory=directory,
+                                                                               committed=committed)],
+                        capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                        check=False)
+  assert done.returncode == 143, done.stderr[-2000:]
+  assert said.format(directory=directory) in done.stderr

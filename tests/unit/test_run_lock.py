@@ -40,6 +40,7 @@ def test_a_run_that_cannot_resume_goes_beside_a_held_run_only_if_that_one_is_fre
   run = from_config_dict(smoke.get_config())
   _, lock = provenance.claim(tmp_path, "dp", run, resumable=False)
   provenance.write(run, tmp_path / "dp", "dp")
+  (tmp_path / "dp" / provenance.RESULT_JSON).write_text("{}")  # it ran to its end
   with pytest.raises(UsageError, match="in use by"):
     provenance.claim(tmp_path, "dp", run, resumable=False)
   lock.release()
