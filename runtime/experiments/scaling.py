@@ -29,6 +29,7 @@ from runtime.reporting import summary
 # at 20 tokens per parameter, H=30, outer Nesterov with a tuned learning rate; parameters -> {M: gap}.
 ANCHOR = {35e6: {1: -0.1, 2: 0.7, 4: 2.0, 8: 3.9}, 90e6: {1: -0.1, 2: 0.5, 4: 1.5, 8: 3.1},
           550e6: {1: -0.3, 2: 0.2, 4: 0.7}}
+GRID_COLUMNS = ("size", "M", "seed", "outer_lr", "outer_momentum", "inner_lr", "batch", "eval_loss", "gap_%")
 STUDY_FILE = "study.json"
 POINT_FILE = "point.json"
 COLUMNS = ("size", "params", "M", "eval_loss", "gap_%", "gap_range_%", "outer_lr", "outer_momentum", "inner_lr",
@@ -185,9 +186,24 @@ def tabulate(workdir: str | os.PathLike) -> list[dict]:
   (workdir / "scaling.md").write_text(summary.summary_table(rows, COLUMNS, markdown=True) + "\n\n"
                                       + anchor_table(markdown=True) + "\n")
   (workdir / summary.RESULTS_FILE).write_text(json.dumps(rows, indent=2, allow_nan=True) + "\n")
+  (workdir / "grid.md").write_text(summary.summary_table(_grid_rows(done), GRID_COLUMNS, markdown=True) + "\n")
   _plot(rows, workdir / "scaling.png")
-  print(f"outputs in {workdir}/: scaling.txt, scaling.md, results.json (the table), scaling.png (gap vs parameters), "
-        "<size>/<point>/ (each run's workdir and log.txt)")
+  print(f"outputs in {workdir}/: scaling.txt, scaling.md, results.json (the table), grid.md (every run), scaling.png "
+        "(gap vs parameters), <size>/<point>/ (each run's workdir and log.txt)")
+  return rows
+
+
+def _grid_rows(done: Sequence[dict]) -> list[dict]:
+  """Every finished run, by size, M and settings, with its gap to the best DP run of its size and seed."""
+  rows = []
+  for d in sorted(done, key=lambda d: (list(SIZES).index(d["point"].size), d["point"].learners, d["point"].seed,
+                                       d["point"].outer_momentum, d["point"].outer_lr, d["point"].inner_lr)):
+    p = d["point"]
+    dp = [e["eval_loss"] for e in done if e["point"] == dataclasses.replace(_best(done, p.size, 0), seed=p.seed)]
+    rows.append(dict(size=p.size, M=p.learners or "DP", seed=p.seed, outer_lr=p.outer_lr if p.learners else None,
+                     outer_momentum=p.outer_momentum if p.learners else None, inner_lr=p.inner_lr,
+                     batch=p.batch_size, eval_loss=d["eval_loss"],
+                     **{"gap_%": 100 * (d["eval_loss"] / dp[0] - 1) if dp else None}))
   return rows
 
 

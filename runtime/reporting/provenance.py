@@ -18,6 +18,7 @@ from runtime.config.run import CONTENT_FIELDS, QUIET_FIELDS, RESUMABLE_FIELDS, R
 from runtime.data import corpus
 from runtime.errors import UsageError
 from runtime.reporting.run_lock import RunLock, is_lock_file
+from runtime.trained import saved
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "ml-collections", "absl-py", "numpy",
              "pathwaysutils")
@@ -141,7 +142,7 @@ def _record_of(run_dir: pathlib.Path) -> dict | None:
 
 def finished(run_dir: pathlib.Path) -> bool:
   """Whether the run in `run_dir` ran to its end (it wrote its result, or, before results were kept, its model)."""
-  return (run_dir / RESULT_JSON).exists() or (run_dir / "model" / "model.json").exists()
+  return (run_dir / RESULT_JSON).exists() or (run_dir / saved.MODEL_DIR / saved.MODEL_JSON).exists()
 
 
 def differences(record: dict, run: RunConfig) -> tuple[list[str], list[str]]:

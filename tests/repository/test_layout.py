@@ -42,10 +42,10 @@ def test_no_import_cycles_among_the_projects_modules():
     visit(module, [module])
 
 
-def test_no_library_file_exceeds_400_lines_and_the_event_loop_350():
+def test_no_library_file_exceeds_600_lines_a_sanity_limit_not_a_target():
+  # A file is as long as its concept needs (STYLE.md, item 13); past 600 lines, look again at what it owns.
   sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in _modules().values()}
-  assert not {f: n for f, n in sizes.items() if n > 400}
-  assert sizes["runtime/diloco/controller.py"] <= 350
+  assert not {f: n for f, n in sizes.items() if n > 600}
 
 
 CONTROLLER_PARTS = ["controller", "rounds", "merge_schedule", "slice_lifecycle", "reconfiguration", "membership",
