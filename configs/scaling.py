@@ -9,12 +9,21 @@ Runtime:  see docs/results/scaling.md (hours on 2 cores: the medium size dominat
           --sizes/--outer_lrs/--seeds add to one workdir.
 Expected: the table of docs/results/scaling.md (every number there comes from this command).
 Results:  docs/results/scaling.md
+Variants: configs/scaling.py:heterogeneity and configs/scaling.py:chaos are the study's M=4 run at the small size
+          (0.43M parameters, global batch 32, its tuned learning rates) under unequal speeds, for
+          `launch.heterogeneity --variants=K=M,K=1,K=1+grace`, and under a fault trace, for `launch.chaos`;
+          docs/results/scaling.md gives their commands and rows.
 """
 
 from configs import default
 
 
-def get_config():
+VARIANTS = ("heterogeneity", "chaos")
+
+
+def get_config(variant: str = ""):
+  if variant and variant not in VARIANTS:
+    raise ValueError(f"variant {variant!r}: allowed '' (the study) or one of {VARIANTS}")
   config = default.get_config()
   # At equal speeds every K=1 merge holds all M learners: the synchronous DiLoCo run, on the product's code path.
   config.mode = "decoupled"
@@ -34,4 +43,30 @@ def get_config():
   config.eval_every = 1000
   config.progress = False
   config.tensorboard = False
+  return _small_m4(config, variant) if variant else config
+
+
+def _small_m4(config, variant: str):
+  """The study's small M=4 point (the settings it found best there), under `variant`'s speeds or faults."""
+  config.model.size = "small"
+  config.data.batch_size = 32
+  config.learners = 4
+  config.num_devices = 4
+  config.inner.lr = 3e-3
+  config.outer.lr = 0.6
+  config.outer.momentum = 0.6
+  if variant == "heterogeneity":
+    # The paper's two hardware classes: two learners 18% slower, 10% jitter per step; overlap hides a sync.
+    config.clock.speeds = (1.0, 1.0, 1.18, 1.18)
+    config.clock.jitter = 0.1
+    config.clock.latency_s = 0.5
+    config.overlap_steps = 2
+  else:
+    # configs/chaos.py's trace: a 256-chip slice fails every 200 modeled seconds on average, repaired in 40 s.
+    config.faults.mtbi_chip_seconds = 51_200.0
+    config.faults.chips_per_slice = 256
+    config.faults.repair_seconds = 40.0
+    config.faults.restart_seconds = 30.0
+    config.faults.restart_checkpoint_every = 10
+    config.faults.reconfig_seconds = 8.0
   return config
