@@ -236,7 +236,7 @@ def _restart_checkpoints(workdir: str | os.PathLike | None, name: str):
   """
   parent = pathlib.Path(workdir) / name if workdir is not None else None
   with tempfile.TemporaryDirectory(prefix="restart-checkpoints-", dir=parent) as directory:
-    checkpoints = Checkpoints(directory, keep=2)
+    checkpoints = Checkpoints(directory, keep=2, resumable=False)
     try:
       yield checkpoints
     except BaseException:

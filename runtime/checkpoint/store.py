@@ -99,7 +99,7 @@ def restore_args(like: PyTree) -> ocp.args.PyTreeRestore:
 class Checkpoints:
   """The checkpoints of one run under `directory`, the newest `keep` of them kept."""
 
-  def __init__(self, directory: str | pathlib.Path, keep: int = 3):
+  def __init__(self, directory: str | pathlib.Path, keep: int = 3, resumable: bool = True):
     self.directory = pathlib.Path(directory).resolve()
     if self.directory.exists() and not self.directory.is_dir():
       raise DataError(f"{self.directory} is not a directory of checkpoints (a file is there): move it aside, and the "
@@ -115,15 +115,17 @@ class Checkpoints:
     self._unverified: list[int] = []
     self.blocking_seconds: list[float] = []  # per save: how long the caller waited
     self._closed = False
-    preemption.watch(self.on_disk)
+    if resumable:  # a second signal says what a run stopped now resumes from (not a store of restarts within a run)
+      preemption.watch(self.on_disk)
 
   def on_disk(self) -> str:
-    """What a run stopped now would resume from: the newest committed checkpoint here, or none (one line)."""
-    committed = [int(p.name) for p in self.directory.glob("*") if p.name.isdigit()
-                 and (p / "commit_success.txt").exists()] if self.directory.is_dir() else []
-    if not committed:
-      return f"no checkpoint under {self.directory} is committed yet: run again, it starts from the beginning"
-    return f"checkpoint {max(committed)} under {self.directory} is the newest committed: run again to resume from it"
+    """What a run stopped now would resume from: the newest checkpoint here that is verified (has its digest; restore
+    takes no other), or none (one line). Cheap enough for a signal handler: the digests are not recomputed."""
+    verified = [int(p.name) for p in self.directory.glob("*") if p.name.isdigit()
+                and (p / DIGEST).exists()] if self.directory.is_dir() else []
+    if not verified:
+      return f"no checkpoint under {self.directory} is verified yet: run again, it starts from the beginning"
+    return f"checkpoint {max(verified)} under {self.directory} is the newest verified: run again to resume from it"
 
   def save(self, step: int, state: PyTree, meta: dict) -> None:
     """Starts saving `state` (arrays) and `meta` (JSON) as checkpoint `step`; returns once the arrays are copied."""

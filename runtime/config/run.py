@@ -201,9 +201,12 @@ def with_budget(run: RunConfig) -> RunConfig:
   """`run` with total_steps derived from tokens_per_param when that is set: the whole rounds of H inner steps at the
   global batch whose tokens come nearest tokens_per_param × the model's parameters (at least one round), the same in
   every mode, so that DiLoCo's last round is a full one."""
-  if run.tokens_per_param <= 0:
+  if not (0 < run.tokens_per_param < math.inf and run.inner_steps >= 1 and run.tokens_per_step >= 1):
+    return run  # no budget in tokens per parameter, or fields validate() names
+  try:
+    rounds = round(run.tokens_per_param * run.model.num_params() / (run.tokens_per_step * run.inner_steps))
+  except (ArithmeticError, ValueError):  # a model field validate() names (num_heads 0, ...)
     return run
-  rounds = round(run.tokens_per_param * run.model.num_params() / (run.tokens_per_step * run.inner_steps))
   return dataclasses.replace(run, total_steps=max(int(rounds), 1) * run.inner_steps)
 
 
@@ -323,7 +326,7 @@ def _validate(run: RunConfig) -> None:
   check(run.eval_batches >= 1, "eval_batches", run.eval_batches, "an integer >= 1")
   check(run.eval_batch_size >= 0, "eval_batch_size", run.eval_batch_size,
         "an integer >= 0 (0: data.batch_size / learners)")
-  check(run.tokens_per_param >= 0 and math.isfinite(run.tokens_per_param), "tokens_per_param",
+  check(not run.tokens_per_param < 0, "tokens_per_param",  # NaN and infinity: the finite-number check
         run.tokens_per_param, "a number >= 0 (0: total_steps sets the budget)")
   check(run.log_every >= 1, "log_every", run.log_every, "an integer >= 1")
   check(run.checkpoint_every >= 0, "checkpoint_every", run.checkpoint_every, "an integer >= 0 (0 = no checkpoints)")

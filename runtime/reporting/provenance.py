@@ -18,13 +18,13 @@ from runtime.config.run import CONTENT_FIELDS, QUIET_FIELDS, RESUMABLE_FIELDS, R
 from runtime.data import corpus
 from runtime.errors import UsageError
 from runtime.reporting.run_lock import RunLock, is_lock_file
-from runtime.trained import saved
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "ml-collections", "absl-py", "numpy",
              "pathwaysutils")
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 RUN_JSON = "run.json"  # what the run is: its config, its data's digest, its environment
 RESULT_JSON = "result.json"  # its row of the summary table, written when it ends
+_LEGACY_MODEL_JSON = "model/model.json"  # how a finished run showed it before result.json was written
 
 
 def _version(package: str) -> str | None:
@@ -90,6 +90,7 @@ def claim(workdir: str | os.PathLike, name: str, run: RunConfig, resumable: bool
   run_dir = workdir / name
   try:
     if not any(not is_lock_file(p) for p in run_dir.iterdir()):
+      _say_renamed(workdir, name)
       return name, lock
     if not run.resume:
       return _beside(workdir, name, lock, "--config.resume=False asks for a new run")
@@ -102,18 +103,36 @@ def claim(workdir: str | os.PathLike, name: str, run: RunConfig, resumable: bool
                        + "; ".join(refused) + f"); to train this config as a new run, give it another name "
                        f"(launch.train --run_name=NAME) or another --workdir; to go on with '{name}', run it with its "
                        "own config")
-    if resumable:
+    if resumable and _checkpointed(record):
       for line in taken:
         print(f"{name}: {line}", flush=True)
       return name, lock
     if finished(run_dir):
       return _beside(workdir, name, lock, f"it is finished and mode '{run.mode}' without checkpoints cannot resume")
-    raise UsageError(f"--workdir={workdir}: run '{name}' there is unfinished and has no checkpoints to resume from "
-                     f"(mode '{run.mode}', checkpoint_every = checkpoint_seconds = 0); to start it over deliberately: "
+    raise UsageError(f"--workdir={workdir}: run '{name}' there is unfinished and was not checkpointed (mode "
+                     f"'{record['config'].get('mode')}', checkpoint_every = checkpoint_seconds = 0 when it ran), so it "
+                     "cannot resume; to start it over deliberately: "
                      "--config.resume=False (a new run beside it), or another run name or --workdir")
   except BaseException:
     lock.release()
     raise
+
+
+def _checkpointed(record: dict) -> bool:
+  """Whether the run `record` (a run.json) describes saved checkpoints: only then can it resume, whatever the new
+  config asks (turning checkpoints on for a run that had none would start it over in its own directory)."""
+  config = record["config"]
+  return bool(config.get("checkpoint_every") or config.get("checkpoint_seconds"))
+
+
+def _say_renamed(workdir: pathlib.Path, name: str) -> None:
+  """Says so when an unfinished run from before runs were named by mode (its name the mode and every override,
+  'decoupled,outer.quorum=2') sits beside the new run `name`: it is not resumed, and renaming it would."""
+  for old in sorted(workdir.glob(f"{name},*")):
+    if (old / RUN_JSON).exists() and not finished(old):
+      print(f"{old} holds an unfinished run named the old way (mode and overrides); this run starts as "
+            f"{workdir / name}. To resume that one instead, stop this, rename it to {workdir / name} and run again",
+            flush=True)
 
 
 def _beside(workdir: pathlib.Path, name: str, lock: RunLock, why: str) -> tuple[str, RunLock]:
@@ -142,7 +161,7 @@ def _record_of(run_dir: pathlib.Path) -> dict | None:
 
 def finished(run_dir: pathlib.Path) -> bool:
   """Whether the run in `run_dir` ran to its end (it wrote its result, or, before results were kept, its model)."""
-  return (run_dir / RESULT_JSON).exists() or (run_dir / saved.MODEL_DIR / saved.MODEL_JSON).exists()
+  return (run_dir / RESULT_JSON).exists() or (run_dir / _LEGACY_MODEL_JSON).exists()
 
 
 def differences(record: dict, run: RunConfig) -> tuple[list[str], list[str]]:
@@ -161,6 +180,10 @@ def differences(record: dict, run: RunConfig) -> tuple[list[str], list[str]]:
                    f"{record['data_digest']}), resuming on it")
     else:
       refused.append(f"{key}: {was!r} there, {is_now!r} now" + (" (other data)" if key in CONTENT_FIELDS else ""))
+  path = now.get("data.path")
+  if before.get("data.path") == path and record.get("data_digest") not in (None, corpus.content_digest(path)):
+    refused.append(f"data.path: the data at {path!r} changed since the run began (digest {record['data_digest']} "
+                   f"there, {corpus.content_digest(path)} now)")
   return taken, refused
 
 

@@ -34,7 +34,7 @@ def requested() -> int | None:
 def _handle(signum: int, frame) -> None:
   del frame
   if _requested:
-    found = "; ".join(describe() for describe in _on_disk) or "this process has no checkpoint to resume from"
+    found = "; ".join(_described(describe) for describe in _on_disk) or "this process has no checkpoint to resume from"
     os.write(2, f"\n{signal.Signals(signum).name} again: stopping at once, the save in progress abandoned; "
                 f"{found}\n".encode())
     os._exit(128 + signum)  # pylint: disable=protected-access
@@ -56,6 +56,14 @@ def handling() -> Iterator[None]:
     for s, handler in previous.items():
       signal.signal(s, handler)
     _requested.clear()
+
+
+def _described(describe: Callable[[], str]) -> str:
+  """`describe()`, or a line saying it failed: the exit at once never waits on it nor fails with it."""
+  try:
+    return describe()
+  except Exception as error:  # pylint: disable=broad-except
+    return f"what is on disk could not be read ({type(error).__name__}: {error})"
 
 
 def watch(describe: Callable[[], str]) -> None:

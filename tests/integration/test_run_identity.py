@@ -24,6 +24,12 @@ def _recorded(tmp_path, run, name="decoupled", finished=False):
   return tmp_path / name
 
 
+def _checkpointed(config):
+  """`config` resolved with checkpoints on: a run that can resume."""
+  config.checkpoint_every = 2
+  return from_config_dict(config)
+
+
 def _claim(tmp_path, run, resumable=True, name="decoupled"):
   claimed, lock = provenance.claim(tmp_path, name, run, resumable=resumable)
   lock.release()
@@ -34,7 +40,7 @@ def test_a_dataset_moved_with_its_content_resumes_and_says_so(tmp_path, prepared
   data = shutil.copytree(prepared_dataset, tmp_path / "data")
   config = smoke.get_config()
   config.data.path = str(data)
-  run = from_config_dict(config)
+  run = _checkpointed(config)
   _recorded(tmp_path / "work", run)
   moved = data.rename(tmp_path / "moved")
   assert _claim(tmp_path / "work", dataclasses.replace(run, data=dataclasses.replace(run.data, path=str(moved)))) \
@@ -56,7 +62,7 @@ def test_other_data_under_a_new_path_or_another_model_is_refused_naming_each_fie
 
 
 def test_the_evaluation_cadence_may_change_and_is_said_quiet_fields_are_not(tmp_path, capsys):
-  run = from_config_dict(smoke.get_config())
+  run = _checkpointed(smoke.get_config())
   _recorded(tmp_path, run)
   assert _claim(tmp_path, dataclasses.replace(run, eval_every=5, progress=False)) == "decoupled"
   out = capsys.readouterr().out
@@ -66,12 +72,36 @@ def test_the_evaluation_cadence_may_change_and_is_said_quiet_fields_are_not(tmp_
 def test_an_unfinished_run_that_cannot_resume_is_never_started_afresh_unless_asked(tmp_path, capsys):
   run = from_config_dict(smoke.get_config())
   _recorded(tmp_path, run)
-  with pytest.raises(UsageError, match="'decoupled' there is unfinished and has no checkpoints to resume from"):
+  with pytest.raises(UsageError, match="'decoupled' there is unfinished and was not checkpointed"):
     _claim(tmp_path, run, resumable=False)
+  # Regression: checkpoints turned on now made the run look resumable; it started over in its own directory.
+  with pytest.raises(UsageError, match="'decoupled' there is unfinished and was not checkpointed"):
+    _claim(tmp_path, dataclasses.replace(run, checkpoint_every=2), resumable=True)
   assert _claim(tmp_path, dataclasses.replace(run, resume=False), resumable=False) == "decoupled.2"
   _recorded(tmp_path, run, name="finished", finished=True)
   assert _claim(tmp_path, run, resumable=False, name="finished") == "finished.2"
   assert "it is finished and mode 'decoupled' without checkpoints cannot resume" in capsys.readouterr().out
+
+
+def test_data_changed_in_place_is_refused(tmp_path):
+  # Regression: the data's digest was compared only when data.path changed.
+  text = tmp_path / "corpus.txt"
+  text.write_text("def f():\n  return 1\n" * 400)
+  config = smoke.get_config()
+  config.data.path = str(text)
+  run = _checkpointed(config)
+  _recorded(tmp_path / "work", run)
+  assert _claim(tmp_path / "work", run) == "decoupled"
+  text.write_text("class C:\n  pass\n" * 400)
+  with pytest.raises(UsageError, match=rf"data.path: the data at '{text}' changed since the run began"):
+    _claim(tmp_path / "work", run)
+
+
+def test_an_unfinished_run_named_the_old_way_is_pointed_out(tmp_path, capsys):
+  run = from_config_dict(smoke.get_config())
+  _recorded(tmp_path, run, name="decoupled,outer.quorum=2")
+  assert _claim(tmp_path, run) == "decoupled"
+  assert f"{tmp_path / 'decoupled,outer.quorum=2'} holds an unfinished run named the old way" in capsys.readouterr().out
 
 
 def test_a_damaged_run_json_stops_with_one_line_naming_it(tmp_path):

@@ -206,6 +206,18 @@ def test_a_budget_in_tokens_per_parameter_sets_the_steps_from_the_model_and_the_
   assert from_config_dict(config).total_steps == 300
 
 
+@pytest.mark.parametrize("path,value", [("inner_steps", 0), ("tokens_per_param", float("nan")), ("model.num_heads", 0),
+                                        ("data.batch_size", 0)])
+def test_a_budget_in_tokens_per_parameter_leaves_a_bad_field_to_the_validator(path, value):
+  # Regression: the budget was computed before validation: ZeroDivisionError and ValueError tracebacks.
+  config = _with(path, value)
+  if path != "tokens_per_param":
+    config.tokens_per_param = 20.0
+  with pytest.raises(ConfigError) as err:
+    from_config_dict(config)
+  assert path in str(err.value)
+
+
 def test_the_held_out_batch_is_a_learners_share_unless_set_and_then_the_same_for_every_m():
   config = default.get_config()
   assert from_config_dict(config).eval_batch == 32 // 4
