@@ -19,7 +19,6 @@ from configs import default
 
 
 def get_config():
-  # The outer step its recorded results (and goldens) were measured with: the paper's, lr 0.7, momentum 0.9.
   config = default.paper_outer_step(default.get_config())
   # Shorter rounds lose less work per crash (the paper's H is 24).
   config.inner_steps = 15

@@ -13,7 +13,6 @@ from configs import default
 
 
 def get_config():
-  # The outer step its recorded results (and goldens) were measured with: the paper's, lr 0.7, momentum 0.9.
   config = default.paper_outer_step(default.get_config())
   # Quorum K = M with no grace window (set by the mode).
   config.mode = "diloco_sync"

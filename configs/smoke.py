@@ -11,7 +11,6 @@ from configs import default
 
 
 def get_config():
-  # The outer step its recorded results (and goldens) were measured with: the paper's, lr 0.7, momentum 0.9.
   config = default.paper_outer_step(default.get_config())
   # A tiny model and budget so the whole run is dominated by compilation.
   config.model.size = "tiny"

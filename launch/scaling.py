@@ -16,7 +16,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "workdirs/scaling", "Where each run's 
 _SIZES = flags.DEFINE_list("sizes", ["tiny", "small", "medium"], "Model sizes (presets of models/config.py).")
 _LEARNERS = flags.DEFINE_list("learners", ["1", "2", "4", "8"], "Learner counts M of the DiLoCo runs.")
 _OUTER_LRS = flags.DEFINE_list("outer_lrs", ["0.4", "0.6", "0.8", "1.0"], "Outer learning rates tried per M.")
-_OUTER_MOMENTA = flags.DEFINE_list("outer_momenta", ["0.9"], "Outer Nesterov momenta tried per M.")
+_OUTER_MOMENTA = flags.DEFINE_list("outer_momenta", ["0.6", "0.9"], "Outer Nesterov momenta tried per M.")
 _DP_LRS = flags.DEFINE_list("dp_lrs", ["3e-3", "6e-3", "1.2e-2"], "DP's inner learning rates tried per size.")
 _FACTORS = flags.DEFINE_list("inner_lr_factors", ["1"],
                              "DiLoCo's inner learning rates tried per M: DP's best at the size times each.")

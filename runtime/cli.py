@@ -288,7 +288,7 @@ def run_name(config: ml_collections.ConfigDict, given: str = "") -> str:
   """The run's name, which is its directory: `given` (--run_name), else its mode. A name finds the run again
   whatever else changes; a usage error names --run_name unless it is a plain directory name."""
   name = given or str(config.get("mode", "decoupled"))
-  if name in (".", "..") or name.startswith(".") or any(c in name for c in "/\\\0") or len(name) > 120:
+  if name.startswith(".") or any(c in name for c in "/\\\0") or len(name) > 120:
     raise UsageError(f"--run_name={given!r}: allowed a directory name (no '/', not starting with '.', at most 120 "
                      "characters)")
   return name

@@ -284,8 +284,8 @@ def eval_batches(tokens: np.ndarray, *, batch_size: int, seq_len: int,
                  num_batches: int) -> np.ndarray:
   """Fixed eval set (int32, [num_batches, batch_size, seq_len + 1]) of evenly spaced windows.
 
-  A split too small for that many windows gives every window it has: as many whole batches of `batch_size` as fit,
-  or one batch of all of them (the caller says so: `short_of`).
+  A split too small for that many windows gives as many whole batches of `batch_size` as its windows fill (evenly
+  spaced over them), or one batch of all of them when they fill none (the caller says so: `short_of`).
   """
   windows = _windows(tokens, seq_len, batch_size)
   if num_batches < 1:
@@ -307,7 +307,7 @@ def short_of(batches: np.ndarray, num_batches: int, batch_size: int) -> str:
     return ""
   return (f"the eval split holds {batches.shape[0] * batches.shape[1]} windows of {batches.shape[2]} tokens, fewer "
           f"than {num_batches} batches of {batch_size}: evaluating on {batches.shape[0]} batch(es) of "
-          f"{batches.shape[1]} (every window there is); a larger eval split evaluates more precisely")
+          f"{batches.shape[1]}; a larger eval split evaluates more precisely")
 
 
 def _windows(tokens: "np.ndarray | prepared.TokenSplit", seq_len: int, batch_size: int) -> Any:

@@ -12,6 +12,7 @@ and the anchor's gaps beside ours.
 
 import dataclasses
 import json
+import math
 import os
 import pathlib
 from typing import Sequence
@@ -21,7 +22,7 @@ import numpy as np
 
 from models.config import SIZES
 from runtime.config.run import from_config_dict
-from runtime.errors import UsageError
+from runtime.errors import DataError, UsageError
 from runtime.experiments import sweep
 from runtime.reporting import summary
 
@@ -32,6 +33,9 @@ ANCHOR = {35e6: {1: -0.1, 2: 0.7, 4: 2.0, 8: 3.9}, 90e6: {1: -0.1, 2: 0.5, 4: 1.
 GRID_COLUMNS = ("size", "M", "seed", "outer_lr", "outer_momentum", "inner_lr", "batch", "eval_loss", "gap_%")
 STUDY_FILE = "study.json"
 POINT_FILE = "point.json"
+# How launch.train ends a run whose syncer stopped it (runtime/diloco/syncer.py, then cli.guarded's one line).
+DIVERGED_LINE = "error: training diverged"
+DIVERGED_FILE = "diverged.txt"  # a point whose run diverged: finished, with no loss (the line it ended with)
 COLUMNS = ("size", "params", "M", "eval_loss", "gap_%", "gap_range_%", "outer_lr", "outer_momentum", "inner_lr",
            "batch", "tokens", "merges", "runs", "seeds")
 
@@ -73,7 +77,7 @@ class Grid:
   sizes: tuple[str, ...]
   learners: tuple[int, ...] = (1, 2, 4, 8)
   outer_lrs: tuple[float, ...] = (0.4, 0.6, 0.8, 1.0)
-  outer_momenta: tuple[float, ...] = (0.9,)
+  outer_momenta: tuple[float, ...] = (0.6, 0.9)
   dp_lrs: tuple[float, ...] = (3e-3, 6e-3, 1.2e-2)
   inner_lr_factors: tuple[float, ...] = (1.0,)
   batch_sizes: tuple[int, ...] = ()  # DP's global batches tried (none: the config's); DiLoCo takes DP's best
@@ -102,7 +106,13 @@ def run(config_path: str, config: ml_collections.ConfigDict, base: Sequence[str]
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   sweep.record(workdir / STUDY_FILE, config_path, base)
-  devices, batch = from_config_dict(config).num_devices, from_config_dict(config).data.batch_size
+  resolved = from_config_dict(config)
+  devices, batch = resolved.num_devices, resolved.data.batch_size
+  for size in grid.sizes:  # every point is checked before any trains (DiLoCo's at the grid's first DP rate)
+    for point in [Point(size, 0, lr, b, 0) for lr in grid.dp_lrs for b in grid.batch_sizes or (batch,)] + [
+        Point(size, m, grid.dp_lrs[0] * f, b, 0, olr, mom) for m in grid.learners for olr in grid.outer_lrs
+        for mom in grid.outer_momenta for f in grid.inner_lr_factors for b in grid.batch_sizes or (batch,)]:
+      from_config_dict(sweep.point_config(config, sweep.Point(point.fields(devices))))
   for size in grid.sizes:
     _run_points([Point(size, 0, lr, b, 0) for lr in grid.dp_lrs for b in grid.batch_sizes or (batch,)], config, config_path,
                 base, workdir, devices, parallel)
@@ -119,28 +129,45 @@ def run(config_path: str, config: ml_collections.ConfigDict, base: Sequence[str]
 
 def _run_points(points: Sequence[Point], config: ml_collections.ConfigDict, config_path: str, base: Sequence[str],
                 workdir: pathlib.Path, devices: int, parallel: int) -> None:
-  """Trains the points whose results are missing; a failed point is reported, and the study stops after them."""
-  todo = [p for p in points if not (workdir / p.name / summary.RESULTS_FILE).exists()]
+  """Trains the points not yet finished; a point whose run diverged is finished without a loss (said, and never the
+  best); any other failure is reported, and the study stops after the points in flight."""
+  todo = [p for p in points if not _done(workdir / p.name)]
   for point in todo:
     (workdir / point.name).mkdir(parents=True, exist_ok=True)
     params = from_config_dict(sweep.point_config(config, sweep.Point(point.fields(devices)))).model.num_params()
     (workdir / point.name / POINT_FILE).write_text(json.dumps(dict(dataclasses.asdict(point), params=params)) + "\n")
   failed = sweep.run_points({p.name: sweep.restartable(p.fields(devices), config) for p in todo}, config_path, base,
                             workdir, parallel)
+  for name in list(failed):
+    last = sweep.last_line(workdir / name / "log.txt")
+    if last.startswith(DIVERGED_LINE):
+      (workdir / name / DIVERGED_FILE).write_text(last + "\n")
+      del failed[name]
   if failed:
     raise sweep.SweepFailed(f"{len(failed)} study points failed ({', '.join(failed)}); see {workdir}/<point>/log.txt")
 
 
+def _done(point_dir: pathlib.Path) -> bool:
+  return (point_dir / summary.RESULTS_FILE).exists() or (point_dir / DIVERGED_FILE).exists()
+
+
 def _finished(workdir: pathlib.Path) -> list[dict]:
-  """Every finished point in the workdir: its settings and its result."""
+  """Every finished point in the workdir: its settings and its result (a diverged one: an infinite loss)."""
   out = []
   for path in sorted(workdir.glob(f"*/*/{POINT_FILE}")):
+    if not _done(path.parent):
+      continue
     results = path.parent / summary.RESULTS_FILE
-    if results.exists():
-      row, point = json.loads(results.read_text())[0], json.loads(path.read_text())
+    try:
+      point = json.loads(path.read_text())
       params = point.pop("params")
+      row = (json.loads(results.read_text())[-1] if results.exists()  # its newest run, if a rerun added one
+             else dict(eval_loss=math.inf, tokens=None, merges=None))
       out.append(dict(point=Point(**point), params=params, eval_loss=row["eval_loss"], tokens=row["tokens"],
                       merges=row.get("merges")))
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
+      raise DataError(f"{path.parent} is damaged ({type(error).__name__}: {error}): move it aside (the study runs "
+                      "the point again), or restore its point.json and results.json") from None
   return out
 
 
@@ -156,6 +183,9 @@ def _best(done: Sequence[dict], size: str, learners: int, seed: int = 0) -> Poin
 def tabulate(workdir: str | os.PathLike) -> list[dict]:
   """The study's table from every finished point in `workdir`, printed and written with its plot."""
   workdir = pathlib.Path(workdir)
+  if not (workdir / STUDY_FILE).is_file():
+    raise UsageError(f"--workdir={workdir}: holds no {STUDY_FILE}, so no study ran there; allowed the workdir of a "
+                     "study (run it without --table_only first)")
   done = _finished(workdir)
   study = json.loads((workdir / STUDY_FILE).read_text())
   rows = []

@@ -168,7 +168,7 @@ def run_points(points: dict[str, tuple[tuple[str, str], ...]], config_path: str,
       if status == 0:
         print(f"{name}: done in {seconds:.0f} s", flush=True)
       else:
-        failed[name] = f"exit {status}: {_last_line(workdir / name / 'log.txt')}"
+        failed[name] = f"exit {status}: {last_line(workdir / name / 'log.txt')}"
         print(f"{name}: FAILED ({failed[name]}); log: {workdir / name / 'log.txt'}", flush=True)
   return failed
 
@@ -196,7 +196,7 @@ def _shown(text: str) -> Any:
   return value if isinstance(value, (int, float)) and not isinstance(value, bool) else text
 
 
-def _last_line(path: pathlib.Path) -> str:
+def last_line(path: pathlib.Path) -> str:
   lines = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
   return lines[-1] if lines else ""
 
@@ -235,10 +235,10 @@ def compare(points: Sequence[Point], workdir: pathlib.Path, failed: dict[Point, 
     if point in failed or not results_path.exists():
       row["status"] = f"failed ({failed.get(point, 'no results')})"
     else:
-      result = json.loads(results_path.read_text())[0]
+      result = json.loads(results_path.read_text())[-1]  # the point's newest run, if a rerun added one
       row.update(status="done", **{k: v for k, v in result.items() if k not in ("run", "mode")})
       label = ", ".join(f"{f}={v}" for f, v in point.fields)
-      curves[label] = metrics.read_jsonl(workdir / point.name / result["run"] / "metrics.jsonl")  # the run tabulated
+      curves[label] = metrics.read_jsonl(workdir / point.name / result["run"] / metrics.JSONL_NAME)  # the run tabulated
     rows.append(row)
   columns = list(dict.fromkeys([*varied, "status", *(k for r in rows for k in r)]))
   title = f"sweep over {' × '.join(varied)}: {len(points)} points"

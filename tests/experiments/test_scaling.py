@@ -5,8 +5,9 @@ import json
 
 import pytest
 
+from configs import default
 from launcher import FAST, launch
-from runtime.errors import UsageError
+from runtime.errors import DataError, UsageError
 from runtime.experiments import scaling
 from runtime.reporting import summary
 
@@ -61,6 +62,39 @@ def test_a_point_runs_dp_on_one_mesh_and_diloco_on_a_device_per_learner():
 def test_a_bad_grid_names_its_flag(grid, message):
   with pytest.raises(UsageError, match=message):
     grid.check()
+
+
+def test_a_diverged_point_is_finished_without_a_loss_and_never_the_best(tmp_path, monkeypatch):
+  # Regression: a diverged DiLoCo point failed the study on every rerun (a high outer lr stopped it for good).
+  (tmp_path / scaling.STUDY_FILE).write_text(json.dumps(dict(config="configs/scaling.py", overrides=[])))
+  _finish(tmp_path, scaling.Point("tiny", 0, 6e-3, 8, 0), 2.0)
+  _finish(tmp_path, scaling.Point("tiny", 4, 6e-3, 8, 0, 0.6, 0.9), 2.1)
+  high, broken = scaling.Point("tiny", 4, 6e-3, 8, 0, 1.0, 0.9), scaling.Point("tiny", 4, 6e-3, 8, 0, 0.8, 0.9)
+
+  def run_points(points, *args):
+    for name in points:
+      (tmp_path / name / "log.txt").write_text("...\nerror: training diverged: 8 merges in a row committed nothing\n")
+    (tmp_path / broken.name / "log.txt").write_text("Traceback ...\nValueError: something else\n")
+    return {name: "exit 1" for name in points}
+
+  monkeypatch.setattr(scaling.sweep, "run_points", run_points)
+  monkeypatch.setattr(scaling.sweep, "restartable", lambda fields, config: fields)
+  with pytest.raises(scaling.sweep.SweepFailed, match=r"1 study points failed \(tiny/M=4,olr=0.8"):
+    scaling._run_points([high, broken], default.get_config(), "configs/scaling.py", [], tmp_path, 8, 1)
+  assert (tmp_path / high.name / scaling.DIVERGED_FILE).exists()
+  assert not (tmp_path / broken.name / scaling.DIVERGED_FILE).exists()
+  _, m4 = scaling.tabulate(tmp_path)
+  assert (m4["outer_lr"], m4["runs"]) == (0.6, 2)  # the diverged run counted, never the best
+
+
+def test_a_workdir_without_a_study_or_with_a_damaged_point_is_one_line(tmp_path):
+  with pytest.raises(UsageError, match="holds no study.json"):
+    scaling.tabulate(tmp_path)
+  (tmp_path / scaling.STUDY_FILE).write_text(json.dumps(dict(config="configs/scaling.py", overrides=[])))
+  _finish(tmp_path, scaling.Point("tiny", 0, 6e-3, 8, 0), 2.0)
+  (tmp_path / scaling.Point("tiny", 0, 6e-3, 8, 0).name / summary.RESULTS_FILE).write_text("[")
+  with pytest.raises(DataError, match="is damaged"):
+    scaling.tabulate(tmp_path)
 
 
 @pytest.mark.slow  # ~2 minutes of subprocesses

@@ -23,7 +23,7 @@ def _oracle_theta(run, exp):
 
 
 @pytest.mark.parametrize("mode,recipe", [
-    ("diloco_sync", "default"),  # RDA, token weights, outer Nesterov lr 0.7 / momentum 0.9
+    ("diloco_sync", "default"),  # RDA, token weights, the default outer Nesterov step
     ("decoupled", "anchor"),  # K=1 at equal speeds merges every learner at once; QK-norm, z-loss, β2 0.99, mean
 ])
 def test_the_runtimes_diloco_gives_the_oracles_theta_on_the_same_batches(tiny_config, mode, recipe):

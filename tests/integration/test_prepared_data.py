@@ -70,7 +70,7 @@ def test_the_command_line_trains_on_a_prepared_dataset_and_refuses_a_damaged_sha
 
 
 @pytest.mark.slow  # ~1.5 minutes: a SentencePiece tokenizer trained, then two launches on its 512-id vocabulary
-def test_a_25_document_corpus_trains_under_the_command_prepare_data_prints_with_smoke_and_default(tmp_path):
+def test_a_small_corpus_trains_under_the_command_prepare_data_prints_with_smoke_and_default(tmp_path):
   import shlex  # pylint: disable=g-import-not-at-top
   import sysconfig  # pylint: disable=g-import-not-at-top
   email = pathlib.Path(sysconfig.get_paths()["stdlib"]) / "email"

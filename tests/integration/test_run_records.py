@@ -60,7 +60,8 @@ def test_progress_bar_of_a_run_labels_modeled_tokens_per_second_only_under_the_v
   with make_logger(run, None, "run") as logger:
     logger.log("train", {"tokens": 100, "time": 1.0, "loss": 2.0})
 
-  assert ("modeled tok/s=100" in capsys.readouterr().err.split("\r")[-1]) == (time_kind == "modeled")
+  bar = capsys.readouterr().err.split("\r")[-1]
+  assert ("modeled tok/s=100" in bar) == (time_kind == "modeled") and ("modeled" in bar) == (time_kind == "modeled")
 
 
 def test_summary_row_names_modeled_seconds_and_wall_clock_tokens_per_second():

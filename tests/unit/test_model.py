@@ -51,7 +51,7 @@ def test_fsdp_specs_split_each_large_tensor_along_a_divisible_axis():
   np.testing.assert_array_equal(np.asarray(mlp_in), np.asarray(replicated["block_0"]["mlp_in"]["kernel"]))
 
 
-def test_qk_norm_bounds_each_heads_query_and_key_and_changes_the_function():
+def test_qk_norm_makes_the_logits_independent_of_the_scale_of_queries_and_keys():
   cfg = ModelConfig(num_layers=1, d_model=32, num_heads=2, mlp_dim=64, max_len=16, qk_norm=True)
   params = lm.init_params(cfg, jax.random.key(0))
   attention = params["block_0"]["attn"]
