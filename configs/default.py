@@ -4,7 +4,7 @@ Command:  python -m launch.train --config=configs/default.py --workdir=workdirs/
 Shows:    the single controller running 4 asynchronous learners on the standard library's own
           sources, merging with token-weighted RDA and outer Nesterov, in reproducible virtual time.
 Runtime:  about 2-4 minutes on a 2-core laptop (2m00s measured, host shared with another run).
-Expected: eval loss of Θ falls from ~5.5 nats/byte (uniform) to about 1.87 (1.872 measured); summary
+Expected: eval loss of Θ falls from ~5.5 nats/byte (uniform) to about 1.76 (1.755 measured); summary
           table, metrics.jsonl, TensorBoard events and loss.png in workdir.
 Results:  docs/results/quality.md
 """
