@@ -102,7 +102,7 @@ def test_a_small_study_runs_dp_first_reruns_the_best_on_a_second_seed_and_resume
   fast = [f for f in FAST if f.split("=")[0] in ("--config.data.seq_len", "--config.model.max_len",
                                                   "--config.data.max_bytes", "--config.compile_cache")]
   args = ["--config=scaling", f"--workdir={tmp_path / 'study'}", "--sizes=tiny", "--learners=2",
-          "--outer_lrs=0.5,0.7", "--dp_lrs=6e-3,1.2e-2", "--batch_sizes=8", "--seeds=0,1", "--config.tokens_per_param=0.1",
+          "--outer_lrs=0.5,0.7", "--outer_momenta=0.9", "--dp_lrs=6e-3,1.2e-2", "--batch_sizes=8", "--seeds=0,1", "--config.tokens_per_param=0.1",
           "--config.inner_steps=5", "--config.inner.warmup_steps=5", "--config.eval_batches=1",
           "--config.eval_batch_size=8", *fast]
   first = launch("scaling", *args, cwd=tmp_path)
