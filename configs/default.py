@@ -303,6 +303,5 @@ def get_config() -> ml_collections.ConfigDict:
 def paper_outer_step(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """`config` with the paper's outer step (Nesterov, lr 0.7, momentum 0.9): the default until the scaling study, and
   the setting of every recorded result measured before it (their configs call this so that their numbers stand)."""
-  config.outer.lr = 0.7
-  config.outer.momentum = 0.9
+  config.outer.update(lr=0.7, momentum=0.9)
   return config

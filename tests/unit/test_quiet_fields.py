@@ -24,7 +24,7 @@ def test_a_quiet_field_is_not_part_of_a_runs_name():
 
 
 def test_a_run_resumes_whatever_its_quiet_fields_are_now(tmp_path):
-  run = from_config_dict(smoke.get_config())
+  run = dataclasses.replace(from_config_dict(smoke.get_config()), checkpoint_every=2)  # a run that can resume
   provenance.write(run, tmp_path / "decoupled", "decoupled")
   name, lock = provenance.claim(tmp_path, "decoupled", dataclasses.replace(run, **_CHANGED), resumable=True)
   assert name == "decoupled"

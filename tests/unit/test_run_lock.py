@@ -1,5 +1,6 @@
 """One process per run directory, and workdir outputs written as one set (issue: runs that nothing can break)."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -22,7 +23,7 @@ def _files(run_dir: pathlib.Path) -> dict[str, bytes]:
 
 
 def test_a_second_claim_of_a_held_run_is_refused_naming_its_holder_and_touches_nothing(tmp_path):
-  run = from_config_dict(smoke.get_config())
+  run = dataclasses.replace(from_config_dict(smoke.get_config()), checkpoint_every=2)  # a run that can resume
   name, lock = provenance.claim(tmp_path, "decoupled", run, resumable=True)
   provenance.write(run, tmp_path / name, name)
   before = _files(tmp_path / name)
