@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from runtime.faults import plan
+from runtime.config.faults import FaultConfig
 from runtime.faults import replay
 
 _NEVER = (float("inf"), 0.0)
@@ -21,7 +21,7 @@ _NEVER = (float("inf"), 0.0)
 class JobFailures:
   """Each slice's next failure, which slices are down until when, and (without elasticity) when the job resumes."""
 
-  def __init__(self, cfg: plan.FaultConfig, num_slices: int, active: int, seed: int, elastic: bool,
+  def __init__(self, cfg: FaultConfig, num_slices: int, active: int, seed: int, elastic: bool,
                record: Callable[[int, float, dict], None]):
     """`active` slices are trained on, the rest are hot spares; `record(slice, time, detail)` hears of each
     failure."""

@@ -22,7 +22,7 @@ from runtime.bench.throughput import alternate, diloco_tokens_per_second, format
 from runtime.config.run import RunConfig, with_mode
 from runtime.errors import ConfigError
 from runtime.train.harness import Experiment
-from runtime.faults.plan import FaultConfig
+from runtime.config.faults import FaultConfig
 from runtime.experiments.modes import prepare, train_one
 from runtime.reporting.summary import summary_table
 

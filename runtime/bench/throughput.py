@@ -28,7 +28,7 @@ from runtime.config.run import RunConfig, with_mode
 from runtime.errors import ConfigError
 from runtime.train.harness import Experiment
 from runtime.train.optim import inner_optimizer
-from runtime.faults.plan import FaultConfig
+from runtime.config.faults import FaultConfig
 from runtime.experiments.modes import prepare, train_one
 from runtime.reporting.summary import summary_table
 from runtime.train.programs import TrainState, init_state, make_round

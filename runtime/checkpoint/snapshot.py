@@ -1,34 +1,42 @@
 """A controller's state as a checkpoint: JSON for the bookkeeping, one table of arrays for every pytree.
 
-`Packer` turns the controller's objects (reports, deliveries, events, fault plans, parameter trees) into JSON
-that names arrays by key; each array is stored once however many objects share it (Θ, its history and the
-deliveries of Θ). Arrays are grouped: a group whose device program failed (a learner's round armed to crash)
-is dropped whole, and its device error is kept so that the resumed run meets the same failure. `Unpacker`
-turns the JSON and the arrays back into objects, each tree placed where the caller says.
+`Packer` turns the controller's objects (parameter trees, fault plans, and the messages whose owners give a
+`Codec`) into JSON that names arrays by key; each array is stored once however many objects share it. A group of
+arrays whose device program failed is dropped whole, its device error kept so that the resumed run meets the same
+failure. `Unpacker` turns the JSON and the arrays back into objects, each tree placed where the caller says.
 """
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
-from runtime.train import tree_transfer
-from runtime.diloco.clock import Event
-from runtime.diloco.messages import Delivery, Report
+from runtime.config.faults import Fault
 from runtime.faults import injection
-from runtime.faults.plan import Fault, fault_index
-from runtime.wire.payload import Payload
+from runtime.faults.plan import fault_index
+from runtime.train import tree_transfer
 
 PyTree = Any
 HOST = "host"  # the group of arrays that no failed program produced
 
 
+@dataclasses.dataclass(frozen=True)
+class Codec:
+  """How the owner of a message type saves it: the JSON tag, and the encoding each way (its trees through the
+  packer and unpacker)."""
+
+  kind: type
+  tag: str
+  encode: Callable[["Packer", Any], dict]
+  decode: Callable[["Unpacker", dict], Any]
+
+
 class Packer:
   """Collects the arrays of a snapshot (by group) while its JSON is built."""
 
-  def __init__(self, schedule: tuple[Fault, ...], treedefs: dict[str, Any]):
-    self._schedule = schedule
+  def __init__(self, schedule: tuple[Fault, ...], treedefs: dict[str, Any], codecs: Sequence[Codec] = ()):
+    self._schedule, self._codecs = schedule, tuple(codecs)
     self._treedefs = treedefs  # kind -> the treedef that trees of that kind have ("params", "train", ...)
     self._keys: dict[int, str] = {}  # id(array) -> key
     self.groups: dict[str, dict[str, jax.Array]] = {}  # holds every packed array, so that ids stay unique
@@ -56,11 +64,9 @@ class Packer:
 
   def value(self, x: Any) -> Any:
     """JSON for a message, event payload or plain value."""
-    if isinstance(x, (Report, Delivery)):
-      trees = dict(params=lambda v: self.tree(v, "params"), payload=self.payload)
-      return {"report" if isinstance(x, Report) else "delivery": {
-          f.name: trees.get(f.name, lambda v: v)(getattr(x, f.name)) for f in dataclasses.fields(x)
-          if f.name != "placed"}}  # (Θ already on a learner's slices: a resumed learner places it again)
+    codec = next((c for c in self._codecs if isinstance(x, c.kind)), None)
+    if codec is not None:
+      return {codec.tag: codec.encode(self, x)}
     if isinstance(x, Fault):
       return {"fault": fault_index(self._schedule, x)}
     if isinstance(x, tuple):
@@ -69,12 +75,6 @@ class Packer:
       return x
     raise TypeError(f"snapshot: cannot save a {type(x).__name__} ({x!r:.80})")
 
-  def event(self, event: Event) -> dict:
-    return {"kind": event.kind, "learner": event.learner, "payload": self.value(event.payload)}
-
-  def payload(self, payload: Payload | None) -> dict | None:
-    """A compressed payload's bytes, as one uint8 array."""
-    return None if payload is None else self.tree({"blob": np.frombuffer(payload.blob, np.uint8)}, "dict")
 
 
 def fetch(groups: dict[str, dict[str, jax.Array]]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -92,8 +92,8 @@ class Unpacker:
   """Rebuilds objects from a snapshot's JSON and host arrays."""
 
   def __init__(self, arrays: dict[str, np.ndarray], failed: dict[str, str], schedule: tuple[Fault, ...],
-               treedefs: dict[str, Any], host_sharding: jax.sharding.Sharding):
-    self._arrays, self.failed = arrays, failed
+               treedefs: dict[str, Any], host_sharding: jax.sharding.Sharding, codecs: Sequence[Codec] = ()):
+    self._arrays, self.failed, self._codecs = arrays, failed, {c.tag: c for c in codecs}
     self._schedule, self._treedefs, self._host = schedule, treedefs, host_sharding
     self._placed: dict[tuple, PyTree] = {}  # the same arrays placed the same way are one tree
 
@@ -118,22 +118,13 @@ class Unpacker:
   def value(self, x: Any) -> Any:
     if isinstance(x, dict) and len(x) == 1:
       (tag, body), = x.items()
-      if tag in ("report", "delivery"):
-        fields = {**body, "params": self.tree(body["params"]), "payload": self.payload(body.get("payload"))}
-        if tag == "delivery":
-          fields["base"] = tuple(fields.get("base", (-1, 0)))
-        return (Report if tag == "report" else Delivery)(**fields)
+      if tag in self._codecs:
+        return self._codecs[tag].decode(self, body)
       if tag == "fault":
         return self._schedule[body]
       if tag == "tuple":
         return tuple(self.value(v) for v in body)
     return x
-
-  def event(self, encoded: dict) -> Event:
-    return Event(encoded["kind"], encoded["learner"], self.value(encoded["payload"]))
-
-  def payload(self, encoded: dict | None) -> Payload | None:
-    return None if encoded is None else Payload(self.tree(encoded, lambda x, _: x, where="bytes")["blob"].tobytes())
 
 
 def copied(tree: PyTree) -> PyTree:

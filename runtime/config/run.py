@@ -14,11 +14,11 @@ from runtime.config import capacity as capacity_lib, data as data_config
 from runtime.config.data import DataConfig
 from runtime.cluster import learner_slices
 from runtime.data import manifest as data_manifest
-from runtime.diloco import fragment_plan
+from runtime.config import fragment_plan
 from runtime.errors import ConfigError, check, check_types, every_error
-from runtime.faults import plan as fault_plan, replay as fault_replay
-from runtime.faults.plan import FaultConfig, parse_schedule
-from runtime.network import config as links_config
+from runtime.config import faults as faults_config
+from runtime.config.faults import FaultConfig, parse_schedule
+from runtime.config import network as links_config
 from runtime.wire import config as wire_config
 
 MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
@@ -124,7 +124,7 @@ class RunConfig:
   overlap_steps: int = 0  # τ: inner steps a learner keeps training while its report syncs
   profile_rounds: int = 0  # rounds of every learner traced with jax.profiler into <run>/profile/; 0 = none
   parts_in_flight: int = 0  # programs a learner keeps queued on its slices (0 = 2 under the real clock, else 1)
-  fragments: int = 1  # P: each report carries one of P fragments of the model (runtime/diloco/fragment_plan.py)
+  fragments: int = 1  # P: each report carries one of P fragments of the model (runtime/config/fragment_plan.py)
   total_steps: int = 300  # per-learner inner steps at full global batch; fixes the token budget
   # > 0: the token budget in tokens per model parameter; total_steps is then derived (see with_budget)
   tokens_per_param: float = 0.0
@@ -401,7 +401,7 @@ def _validate(run: RunConfig) -> None:
   check(o.max_delta_norm > 0, "outer.max_delta_norm", o.max_delta_norm, "a float > 0")
   check(o.max_update_ratio > 0, "outer.max_update_ratio", o.max_update_ratio, "a float > 0")
   check(o.divergence_merges >= 1, "outer.divergence_merges", o.divergence_merges, "an integer >= 1")
-  fault_plan.validate(run), fault_replay.validate(run)
+  faults_config.validate(run)
   wire_config.validate(run), links_config.validate(run), fragment_plan.validate(run)
   check(c.latency_s >= 0 and c.merge_seconds >= 0, "clock.latency_s/clock.merge_seconds",
          (c.latency_s, c.merge_seconds), "floats >= 0")

@@ -25,7 +25,7 @@ import numpy as np
 from runtime.data import corpus, documents as documents_lib, manifest as manifest_lib, tokenizers
 from runtime.data import prepare_resume as resume
 from runtime.errors import DataError
-from runtime.reporting import run_lock
+from runtime import run_lock
 
 # One record per group: any document is read without decoding its neighbours (random access for the loader).
 WRITER_OPTIONS = "group_size:1"

@@ -50,6 +50,15 @@ class Event:
   payload: Any = None
 
 
+
+def pack_event(packer, event: Event) -> dict:
+  """An event in a checkpoint (runtime/checkpoint/snapshot.py), its payload packed."""
+  return {"kind": event.kind, "learner": event.learner, "payload": packer.value(event.payload)}
+
+
+def unpack_event(unpacker, encoded: dict) -> Event:
+  return Event(encoded["kind"], encoded["learner"], unpacker.value(encoded["payload"]))
+
 class _Timeline:
   """Events kept in time order; ties break in scheduling order."""
 

@@ -6,6 +6,7 @@ stood and, under the virtual clock, goes on exactly as the run that was never ki
 the merges handled, which it counts.
 """
 
+import functools
 import json
 import os
 import pathlib
@@ -19,6 +20,7 @@ from absl import logging
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.checkpoint.store import Checkpoints
 from runtime.config.run import RunConfig
+from runtime.diloco import clock as clock_lib, messages
 from runtime.diloco.learner import Learner
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.membership import Membership
@@ -94,12 +96,12 @@ class Durability:
     first: their next round donates them); a learner's program that failed is saved as its device error.
     """
     start = time.perf_counter()
-    packer = snapshot_lib.Packer(self._run.faults.schedule, self._treedefs)
+    packer = snapshot_lib.Packer(self._run.faults.schedule, self._treedefs, messages.CODECS)
     meta = dict(
         merges_done=self.merges_done, finished=self.finished, **self._merges.snapshot(), **self._rounds.snapshot(),
         syncer=self._syncer.snapshot(packer), learners=[l.snapshot(packer) for l in self._learners],
         **self._slices.snapshot(), links=self._links.snapshot(), ledger=self._ledger.snapshot(),
-        clock=self._clock.snapshot(packer.event), log=self._log().snapshot(), membership=self._membership.snapshot())
+        clock=self._clock.snapshot(functools.partial(clock_lib.pack_event, packer)), log=self._log().snapshot(), membership=self._membership.snapshot())
     meta = json.loads(json.dumps(meta))  # a copy, made now: the run goes on changing the lists it was built from
     groups = packer.groups
 
@@ -137,7 +139,7 @@ class Durability:
       return None
     step, arrays, meta = restored
     unpacker = snapshot_lib.Unpacker(arrays, meta["failed"], self._run.faults.schedule, self._treedefs,
-                                     self._host_sharding)
+                                     self._host_sharding, messages.CODECS)
     self._syncer.restore(meta["syncer"], unpacker)
     for learner, saved in zip(self._learners, meta["learners"]):
       slices = tuple(saved["slices"])
@@ -148,7 +150,7 @@ class Durability:
     self._links.restore(meta["links"])
     self._ledger.restore(meta["ledger"])
     self._membership.restore(meta["membership"])
-    self._clock.restore(meta["clock"], unpacker.event)
+    self._clock.restore(meta["clock"], functools.partial(clock_lib.unpack_event, unpacker))
     self._merges.restore(meta)
     self._rounds.restore(meta)
     self.merges_done, self.finished = meta["merges_done"], meta["finished"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from runtime.diloco import fragment_plan
+from runtime.config import fragment_plan
 PyTree = Any
 
 

@@ -1,7 +1,7 @@
 """A learner: one slice's mesh, data shard, parameters and inner AdamW state, and its rounds.
 
 A round is the learner's work between two receipts of Θ: H inner steps (H/P with P fragments, each report then
-carrying one fragment: runtime/diloco/fragment_plan.py), dispatched as a main part of H − τ steps that ends in a
+carrying one fragment: runtime/config/fragment_plan.py), dispatched as a main part of H − τ steps that ends in a
 report, and an overlap part of τ steps that trains while the report syncs. Θ of one fragment replaces (carry, mix,
 overwrite) that fragment's tensors only: the others keep their local progress; Θ whole replaces them all.
 The learner keeps its own bookkeeping in its book (runtime/diloco/learner_book.py: tokens and steps since Θ, where
@@ -27,7 +27,7 @@ from runtime.diloco.messages import Delivery, Failure, Report, RoundPart
 from runtime.diloco.part_queue import PartQueue
 from runtime.diloco.report_capture import ReportCapture
 from runtime.faults import injection
-from runtime.diloco.fragment_plan import WHOLE
+from runtime.config.fragment_plan import WHOLE
 from runtime.train.programs import TrainState, schedule_to
 from runtime.data.staging import Stager
 from runtime.wire.downlink import Downlink

@@ -4,8 +4,10 @@ the parts of a round it dispatched, and what a failure cost it."""
 import dataclasses
 from typing import Any
 
-from runtime.diloco.fragment_plan import WHOLE
+from runtime.checkpoint import snapshot as snapshot_lib
+from runtime.config.fragment_plan import WHOLE
 from runtime.train.programs import TrainState
+from runtime.wire import payload as payload_lib
 
 PyTree = Any
 
@@ -55,6 +57,24 @@ class Delivery:
   # `params` already laid out on the learner's slices by the merge worker, as (sharding, tree); never checkpointed
   # (a resumed learner copies `params` itself)
   placed: tuple[Any, PyTree] | None = dataclasses.field(default=None, compare=False, repr=False)
+
+
+def _pack(packer: snapshot_lib.Packer, message: Report | Delivery) -> dict:
+  trees = dict(params=lambda v: packer.tree(v, "params"), payload=lambda v: payload_lib.snapshot(packer, v))
+  return {f.name: trees.get(f.name, lambda v: v)(getattr(message, f.name)) for f in dataclasses.fields(message)
+          if f.name != "placed"}  # (Θ already on a learner's slices: a resumed learner places it again)
+
+
+def _unpack(kind: type, unpacker: snapshot_lib.Unpacker, body: dict) -> Report | Delivery:
+  fields = dict(body, params=unpacker.tree(body["params"]), payload=payload_lib.restored(unpacker, body.get("payload")))
+  if kind is Delivery:
+    fields["base"] = tuple(fields.get("base", (-1, 0)))
+  return kind(**fields)
+
+
+# How checkpoints save the messages (runtime/checkpoint/snapshot.py): reports and deliveries under their own tags.
+CODECS = tuple(snapshot_lib.Codec(kind, tag, _pack, lambda unpacker, body, kind=kind: _unpack(kind, unpacker, body))
+               for kind, tag in ((Report, "report"), (Delivery, "delivery")))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.faults import injection
 from runtime.train import tree_transfer
+from runtime.wire import payload as payload_lib
 from runtime.wire.payload import Payload
 from runtime.wire.uplink import Uplink
 
@@ -71,8 +72,8 @@ class ReportCapture:
       return None
     corrupt, params, parts = self._taken
     return dict(how=corrupt, params=packer.tree(params, "params", f"{group}.captured"),
-                payload=packer.payload(self._payload(parts, corrupt)))
+                payload=payload_lib.snapshot(packer, self._payload(parts, corrupt)))
 
   def restore(self, saved: dict | None, unpacker: snapshot_lib.Unpacker, group: str) -> None:
     self._taken = None if saved is None else (
-        saved["how"], unpacker.tree(saved["params"], where=f"{group}.captured"), unpacker.payload(saved["payload"]))
+        saved["how"], unpacker.tree(saved["params"], where=f"{group}.captured"), payload_lib.restored(unpacker, saved["payload"]))

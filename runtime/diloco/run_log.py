@@ -15,7 +15,7 @@ from runtime.diloco.messages import Report
 from runtime.diloco.syncer import MergeResult
 from runtime.train.harness import Experiment, RunResult, Stopwatch, run_time_kind
 from runtime.reporting.metrics import MetricsLogger
-from runtime.network import config as links_config
+from runtime.config import network as links_config
 from runtime.periodic import Marks
 
 PyTree = Any

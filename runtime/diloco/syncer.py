@@ -4,7 +4,7 @@ Reports wait in the syncer until the quorum has reported (and, optionally, a gra
 then they are screened (non-finite or absurd deltas are quarantined, never merged), weighted by
 tokens, merged per tensor (RDA or mean), and applied as one outer step.
 
-With P > 1 fragments (runtime/diloco/fragment_plan.py) every report carries one fragment, and each fragment is merged on its
+With P > 1 fragments (runtime/config/fragment_plan.py) every report carries one fragment, and each fragment is merged on its
 own: its waiting reports reach its own quorum (K, capped at the learners able to report whose next or outstanding
 report is that fragment, so learners out of phase never deadlock it), its grace window is cut by its own reports'
 deadlines, and its outer step updates only its tensors of Θ with its own outer-optimizer state (momentum per

@@ -22,7 +22,7 @@ from runtime.config.run import RunConfig, with_fields, with_mode
 from runtime.errors import UsageError
 from runtime.train.harness import Experiment, RunResult
 from runtime.experiments.modes import prepare, train_one
-from runtime.network.config import num_regions
+from runtime.config.network import num_regions
 
 UNLIMITED = 1e15  # bytes per second: an inter-region link that costs nothing measurable
 COLUMNS = ("inter_B_per_s", "variant", "modeled_s", "slowdown", "busy_mean", "cross_B_per_token", "dp_over_this",

@@ -11,7 +11,7 @@ from absl import logging
 from runtime.cluster import devices as devices_lib
 from runtime.cluster import multislice
 from runtime.reporting import provenance
-from runtime.reporting import run_lock
+from runtime import run_lock
 from runtime.reporting import metrics
 from runtime.reporting import summary
 from runtime.config.run import CHECKPOINT_MODES, RunConfig, from_config_dict, with_mode

@@ -21,7 +21,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from runtime.cluster import devices as devices_lib
 from runtime.cluster import multislice
-from runtime.faults.plan import Fault, program_bug
+from runtime.config.faults import Fault
+from runtime.faults.plan import program_bug
 
 PyTree = Any
 _NEVER = np.iinfo(np.int64).max

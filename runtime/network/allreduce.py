@@ -10,7 +10,7 @@ import dataclasses
 from typing import Sequence
 
 from runtime.config.run import RunConfig
-from runtime.network.config import LinksConfig, active, region_of
+from runtime.config.network import LinksConfig, active, region_of
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ under the real clock) and bytes (on the path through the learner's region, see n
 from typing import Any, Callable, Sequence
 
 from runtime.config.run import RunConfig
-from runtime.diloco.fragment_plan import WHOLE
+from runtime.config.fragment_plan import WHOLE
 from runtime.network import paths as paths_lib
 
 

@@ -10,7 +10,7 @@ slower of the two links has carried them, plus both latencies. The syncer's own 
 
 from typing import Callable, Sequence
 
-from runtime.network.config import LinksConfig, region_of
+from runtime.config.network import LinksConfig, region_of
 
 
 class Paths:

@@ -17,7 +17,7 @@ import jax
 from runtime.config.run import CONTENT_FIELDS, QUIET_FIELDS, RESUMABLE_FIELDS, RunConfig
 from runtime.data import corpus
 from runtime.errors import UsageError
-from runtime.reporting.run_lock import RunLock, is_lock_file
+from runtime.run_lock import RunLock, is_lock_file
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "ml-collections", "absl-py", "numpy",
              "pathwaysutils")

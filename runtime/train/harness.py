@@ -17,7 +17,7 @@ from runtime.data import tokenizers
 from runtime.reporting import summary
 from runtime.config.run import RunConfig
 from runtime.reporting.metrics import MetricsLogger
-from runtime.reporting.run_lock import write_atomically
+from runtime.run_lock import write_atomically
 from runtime.train.programs import make_eval
 
 PyTree = Any

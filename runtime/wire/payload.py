@@ -61,3 +61,12 @@ def corrupted(payload: Payload, how: str) -> Payload:
   blob = bytearray(payload.blob)
   blob[len(blob) // 2] ^= 0x10
   return Payload(bytes(blob))
+
+
+def snapshot(packer, payload: Payload | None) -> dict | None:
+  """A payload in a checkpoint (runtime/checkpoint/snapshot.py): its bytes as one uint8 array."""
+  return None if payload is None else packer.tree({"blob": np.frombuffer(payload.blob, np.uint8)}, "dict")
+
+
+def restored(unpacker, encoded: dict | None) -> Payload | None:
+  return None if encoded is None else Payload(unpacker.tree(encoded, lambda x, _: x, where="bytes")["blob"].tobytes())

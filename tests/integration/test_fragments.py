@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from runtime.diloco import fragment_plan
+from runtime.config import fragment_plan
 
 from runtime.experiments import modes
 from runtime.config.run import OuterConfig, from_config_dict

@@ -13,7 +13,7 @@ from runtime.config.run import from_config_dict
 from runtime.diloco.controller import Controller
 from runtime.errors import ConfigError
 from runtime.train.harness import Experiment
-from runtime.faults import plan
+from runtime.config import faults as plan
 from runtime.sim import config as sim_config
 from test_resume import assert_resumes_bit_identical
 

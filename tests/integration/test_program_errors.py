@@ -13,7 +13,7 @@ from runtime.diloco.learner import FAILED, Learner
 from runtime.errors import ProgramError
 from runtime.train.harness import Experiment
 from runtime.faults import injection
-from runtime.faults.plan import parse_schedule
+from runtime.config.faults import parse_schedule
 from runtime.reporting.metrics import without_wall_time
 from test_resume import _newest_sound_meta
 

@@ -106,8 +106,10 @@ def test_no_handler_is_found_by_a_string():
 @pytest.mark.parametrize("package,allowed", [
     ("runtime/sim", {"runtime.errors", "runtime.sim.config", "runtime.sim.model", "runtime.sim.timeline",
                       "runtime.sim.trace"}),  # NumPy only, no JAX
-    # pure bookkeeping, parsed at the config boundary (the schedule language is the config package's)
-    ("runtime/faults/plan.py", {"runtime.errors", "runtime.config", "runtime.config.schedule"}),
+    # pure bookkeeping over the faults parsed at the config boundary
+    ("runtime/faults/plan.py", {"runtime.config", "runtime.config.faults"}),
+    ("runtime/config/faults.py", {"runtime.errors", "runtime.config", "runtime.config.schedule", "runtime.sim",
+                                  "runtime.sim.trace"}),
     ("runtime/cluster/slice_pool.py", set()),
 ])
 def test_pure_parts_import_no_jax_and_nothing_of_the_runtime_beyond_what_they_need(package, allowed):

@@ -14,6 +14,7 @@ from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.cluster import devices as devices_lib
 from runtime.experiments import modes
 from runtime.diloco.learner import DOWN, TRAINING, WAITING, Learner
+from runtime.diloco import messages
 from runtime.diloco.messages import Delivery
 from runtime.train.harness import Experiment
 from test_learner_book import KEYS_BEFORE_THE_BOOK
@@ -164,12 +165,12 @@ def test_a_snapshot_restores_into_a_fresh_learner_its_book_state_and_part_in_fli
   learner.report_sent(learner.report(3.0))
   learner.dispatch("overlap", 1, 3.0, 1.0)
   treedefs = dict(params=jax.tree.structure(theta), train=jax.tree.structure(learner.state))
-  packer = snapshot_lib.Packer((), treedefs)
+  packer = snapshot_lib.Packer((), treedefs, messages.CODECS)
   saved = json.loads(json.dumps(learner.snapshot(packer)))  # (as the controller's checkpoint copies it)
   device_keys = {"fragments", "slice_index", "slices", "data", "before", "leases", "state", "inbox", "at_report",
                  "inflight", "uplink", "downlink", "queued", "void", "device", "captured"}
   assert set(saved) == KEYS_BEFORE_THE_BOOK | device_keys  # checkpoints written before the book load
-  unpacker = snapshot_lib.Unpacker(*snapshot_lib.fetch(packer.groups), (), treedefs, host)
+  unpacker = snapshot_lib.Unpacker(*snapshot_lib.fetch(packer.groups), (), treedefs, host, messages.CODECS)
   fresh = Learner(0, 0, devices, run, Experiment(run).shard(0, 1, run.data.batch_size))
   try:
     fresh.restore(saved, unpacker, theta)
@@ -253,5 +254,5 @@ def test_a_learner_whose_slice_failed_keeps_no_state_so_the_final_checkpoint_nev
   jax.tree.map(lambda x: x.delete(), learner.state)  # (what the failing dispatch's donation left)
   learner.fail(2.0)
   learner.set_status("done", 9.0)  # the run ended while it was down
-  saved = learner.snapshot(snapshot_lib.Packer((), treedefs))
+  saved = learner.snapshot(snapshot_lib.Packer((), treedefs, messages.CODECS))
   assert learner.state is None and saved["state"] is None

@@ -5,7 +5,7 @@ import pytest
 from runtime.config import run as config_lib
 from runtime.config.run import RunConfig, with_fields
 from runtime.errors import ConfigError
-from runtime.network.config import LinksConfig, active, region_of
+from runtime.config.network import LinksConfig, active, region_of
 from runtime.network.paths import Paths, peak_in_flight
 
 

@@ -15,7 +15,7 @@ from launcher import REPO
 from runtime.config.run import from_config_dict
 from runtime.errors import UsageError
 from runtime.reporting import provenance
-from runtime.reporting.run_lock import RunLock, outputs_of, write_atomically
+from runtime.run_lock import RunLock, outputs_of, write_atomically
 
 
 def _files(run_dir: pathlib.Path) -> dict[str, bytes]:
@@ -51,7 +51,7 @@ def test_a_run_that_cannot_resume_goes_beside_a_held_run_only_if_that_one_is_fre
 
 
 def test_the_lock_of_a_killed_process_is_released_by_the_kernel(tmp_path):
-  code = ("import os, pathlib, signal; from runtime.reporting.run_lock import RunLock; "
+  code = ("import os, pathlib, signal; from runtime.run_lock import RunLock; "
           f"RunLock.take(pathlib.Path({str(tmp_path)!r}), 'decoupled'); os.kill(os.getpid(), signal.SIGKILL)")
   done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)), check=False)
   assert done.returncode == -signal.SIGKILL

@@ -4,7 +4,7 @@ import pytest
 
 from runtime.config import capacity, schedule
 from runtime.errors import ConfigError
-from runtime.faults import plan
+from runtime.config import faults as plan
 
 _KINDS = {"lend": {"slices": int, "time": float}, "note": {"text": str}}
 

@@ -7,20 +7,20 @@ import numpy as np
 
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.cluster import devices as devices_lib
-from runtime.diloco.messages import Report
+from runtime.diloco.messages import CODECS, Report
 
 
 def test_shared_arrays_are_stored_once_and_unpacked_once_per_placement():
   theta = {"b": jnp.zeros(2), "w": jnp.arange(3.0)}
   treedefs = {"params": jax.tree.structure(theta)}
-  packer = snapshot_lib.Packer((), treedefs)
+  packer = snapshot_lib.Packer((), treedefs, CODECS)
   saved = packer.tree(theta, "params")
   report = packer.value(Report(0, theta, 64, 2, 0, loss=1.0, sent_at=0.5))
   assert len(packer.groups[snapshot_lib.HOST]) == 2  # Θ and the report's θ are one set of arrays
   arrays, failed = snapshot_lib.fetch(packer.groups)
   host = devices_lib.host_device()
   device = next(d for d in jax.devices() if d != host)
-  unpacker = snapshot_lib.Unpacker(arrays, failed, (), treedefs, jax.sharding.SingleDeviceSharding(host))
+  unpacker = snapshot_lib.Unpacker(arrays, failed, (), treedefs, jax.sharding.SingleDeviceSharding(host), CODECS)
   on_host = unpacker.tree(saved)
   assert unpacker.value(report).params is on_host  # one tree, as before the snapshot
   placed = unpacker.tree(saved, lambda x, _: jax.device_put(x, device), where="learner 1")
