@@ -2,8 +2,8 @@
 
 import types
 
-from runtime.diloco.learner import ABSENT, DOWN, RECONFIGURING, TRAINING, WAITING
-from runtime.diloco.messages import Failure
+from runtime.diloco.learner.learner import ABSENT, DOWN, RECONFIGURING, TRAINING, WAITING
+from runtime.diloco.sync.messages import Failure
 
 
 class FakeLearner:

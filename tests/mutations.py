@@ -28,13 +28,13 @@ _FRAGMENT_ACCOUNTING_TEST = ("tests/integration/test_fragment_accounting.py::"
 # name: (file, text, mutated text, the test that must catch it)
 MUTATIONS = {
     "rejoin_with_own_old_theta": (
-        "runtime/diloco/slice_lifecycle.py",
+        "runtime/diloco/slices/lifecycle.py",
         "learner.rejoin(slice_index, slices.devices[slice_index], slices.syncer.params,",
         "learner.rejoin(slice_index, slices.devices[slice_index], "
         "slices.syncer._history.get(learner.base_version, slices.syncer.params),",
         "tests/integration/test_faults.py::test_rejoining_learner_starts_from_the_syncers_current_theta"),
     "no_relative_quarantine": (
-        "runtime/diloco/syncer.py", "if ema and norm > self.cfg.quarantine_factor * ema:", "if False:",
+        "runtime/diloco/sync/syncer.py", "if ema and norm > self.cfg.quarantine_factor * ema:", "if False:",
         "tests/unit/test_syncer.py::test_a_delta_far_above_the_recent_norm_is_quarantined_below_the_absolute_limit"),
     "lost_work_counted_useful": (
         "runtime/diloco/ledger.py", "    self.lost_seconds += slice_seconds",
@@ -44,22 +44,22 @@ MUTATIONS = {
         "runtime/baselines/dp_faults.py", "clock.wait_until(t + f.reconfig_seconds)", "clock.wait_until(t)",
         "tests/integration/test_dp.py::test_elastic_dp_pays_a_reconfiguration_to_drop_and_to_readd_the_slice"),
     "overlap_overwritten_without_rewind": (
-        "runtime/diloco/learner.py",
+        "runtime/diloco/learner/learner.py",
         "      self._data.restore(self.book.reported_position)  # overlap steps were overwritten: serve their data again\n",
         "", "tests/integration/test_overlap.py::test_overwrite_still_trains_the_overlap_data_again_as_an_ablation"),
     "overlap_progress_dropped": (
-        "runtime/diloco/receive.py", "    return carry(theta, local, at_report)\n", "    return theta\n",
+        "runtime/diloco/learner/receive.py", "    return carry(theta, local, at_report)\n", "    return theta\n",
         "tests/unit/test_learner.py::test_adopting_theta_carries_the_overlap_progress_onto_it_and_into_the_next_report"),
     "no_second_part_queued": (
         "runtime/diloco/rounds.py", "len(learner.parts) < self._depth and", "len(learner.parts) < 1 and",
         "tests/integration/test_parts_in_flight.py::"
         "test_the_queue_never_exceeds_two_parts_and_nothing_is_lost_or_merged_twice"),
     "void_part_books_its_tokens": (
-        "runtime/diloco/learner_book.py", "    if not void:\n", "    if True:\n",
+        "runtime/diloco/learner/book.py", "    if not void:\n", "    if True:\n",
         "tests/integration/test_parts_in_flight.py::"
         "test_the_queue_never_exceeds_two_parts_and_nothing_is_lost_or_merged_twice"),
     "report_copied_to_the_host_by_the_controller": (
-        "runtime/diloco/learner.py", "    params, payload = self._capture.send()\n",
+        "runtime/diloco/learner/learner.py", "    params, payload = self._capture.send()\n",
         "    params, payload = self._capture.send()\n    params = params and tree_transfer.copy_to(params, "
         "jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0]))\n",
         "tests/integration/test_parts_in_flight.py::test_under_the_real_clock_slow_host_copies_never_idle_the_device"),
@@ -67,14 +67,14 @@ MUTATIONS = {
         "runtime/diloco/rounds.py", "      self._merges.maybe_merge()  # a finished learner lowers the effective quorum\n",
         "", "tests/integration/test_diloco.py::test_a_learner_finishing_its_budget_lowers_the_quorum_and_the_last_reports_merge"),
     "diverging_outer_step_committed": (
-        "runtime/diloco/syncer.py", "    if reason:  # Θ would diverge:", "    if False:  # Θ would diverge:",
+        "runtime/diloco/sync/syncer.py", "    if reason:  # Θ would diverge:", "    if False:  # Θ would diverge:",
         "tests/unit/test_syncer.py::"
         "test_an_absurd_outer_step_is_never_committed_and_persistent_failure_names_the_likely_field"),
     "inner_schedule_restarts_on_reset": (
         "runtime/train/programs.py", "opt_state=schedule_at(tx.init(params), step)", "opt_state=tx.init(params)",
         "tests/unit/test_learner.py::test_reset_starts_fresh_inner_state_at_the_learners_own_step"),
     "quorum_strictly_greater": (
-        "runtime/diloco/syncer.py", "sum(r.fragment == p for r in self._pending) >= self.quorum(able[p])",
+        "runtime/diloco/sync/syncer.py", "sum(r.fragment == p for r in self._pending) >= self.quorum(able[p])",
         "sum(r.fragment == p for r in self._pending) > self.quorum(able[p])",
         "tests/unit/test_syncer.py::test_quorum_is_reached_at_exactly_k_reports_and_never_exceeds_the_learners_able"),
     "evaluations_on_the_controller_thread": (
@@ -115,14 +115,14 @@ MUTATIONS = {
         "runtime/network/links.py", 'self._faults = {m: (until, mode) for m, until, mode in saved["faults"]}', "pass",
         _RESUME_TEST),
     "resume_forgets_a_failed_program_in_flight": (
-        "runtime/diloco/part_snapshot.py", 'failure = saved["failure"] or failure', "failure = failure",
+        "runtime/diloco/learner/part_snapshot.py", 'failure = saved["failure"] or failure', "failure = failure",
         _RESUME_TEST),
     "resume_zeroes_the_error_feedback_residual": (
         "runtime/wire/uplink.py", 'self.residual = unpacker.tree(saved["residual"], place, where=group)',
         'self.residual = jax.tree.map(lambda r: r * 0, unpacker.tree(saved["residual"], place, where=group))',
         "tests/integration/test_wire_checkpoint.py::test_a_run_compressed_both_ways_killed_and_resumed_ends_bit_identical[topk]"),
     "program_error_retried_as_a_lost_slice": (
-        "runtime/diloco/slice_lifecycle.py", "    if injection.slice_lost(error):", "    if True:",
+        "runtime/diloco/slices/lifecycle.py", "    if injection.slice_lost(error):", "    if True:",
         "tests/integration/test_program_errors.py::"
         "test_a_program_error_at_dispatch_or_when_awaited_stops_its_learner_once_and_the_others_reach_the_budget"),
     "stopped_learner_counted_in_the_quorum": (
@@ -150,20 +150,20 @@ MUTATIONS = {
         "      learner.join_schedule(self._tokens_dispatched() // self._run.tokens_per_step)\n", "",
         "tests/integration/test_membership.py::test_a_lent_learner_joins_where_the_run_stands_in_the_inner_schedule"),
     "quorum_wait_from_the_last_report": (
-        "runtime/diloco/syncer.py",
+        "runtime/diloco/sync/syncer.py",
         "self.xi_quorum.update(now - min(r.sent_at for r in self._pending if r.fragment == fragment))",
         "self.xi_quorum.update(now - max(r.sent_at for r in self._pending if r.fragment == fragment))",
         _GRACE_TEST),
     "quorum_wait_from_another_fragments_report": (
-        "runtime/diloco/syncer.py",
+        "runtime/diloco/sync/syncer.py",
         "self.xi_quorum.update(now - min(r.sent_at for r in self._pending if r.fragment == fragment))",
         "self.xi_quorum.update(now - min(r.sent_at for r in self._pending))",
         _GRACE_TEST),
     "fragment_marked_at_receipt_not_at_report": (
-        "runtime/diloco/fragment_trees.py", "      self.versions[p], self._marks[p] = version, self._at_report\n",
+        "runtime/diloco/sync/fragment_trees.py", "      self.versions[p], self._marks[p] = version, self._at_report\n",
         "      self.versions[p], self._marks[p] = version, (tokens, steps)\n", _FRAGMENT_ACCOUNTING_TEST),
     "fragment_weighted_by_its_rounds_tokens": (
-        "runtime/diloco/syncer.py", "weights = averaging.token_weight(*zip(*(r.trained() for r in kept)))",
+        "runtime/diloco/sync/syncer.py", "weights = averaging.token_weight(*zip(*(r.trained() for r in kept)))",
         "weights = averaging.token_weight(*zip(*((r.tokens, r.steps) for r in kept)))", _FRAGMENT_ACCOUNTING_TEST),
     "error_feedback_residual_never_added": (
         "runtime/wire/uplink.py", "    delta = jax.tree.map(jnp.add, delta, residual)\n", "    pass\n",
@@ -184,11 +184,11 @@ MUTATIONS = {
         "tests/unit/test_data_service.py::"
         "test_a_leased_stream_serves_only_leased_batches_and_gives_back_what_it_never_trains"),
     "shrink_pays_no_reconfiguration": (
-        "runtime/diloco/reconfiguration.py",
+        "runtime/diloco/slices/several_slices.py",
         "self._clock.after(self._run.faults.reconfig_seconds, Event(EventKind.RECONFIGURED, m, resume))",
         "self._clock.after(0.0, Event(EventKind.RECONFIGURED, m, resume))", _SHRINK_TEST),
     "shrunk_learner_steps_as_fast_as_a_full_one": (
-        "runtime/diloco/slice_lifecycle.py", "return self.run.slices_per_learner / len(learner.slices)", "return 1.0",
+        "runtime/diloco/slices/lifecycle.py", "return self.run.slices_per_learner / len(learner.slices)", "return 1.0",
         "tests/integration/test_shrunk_learner_timing.py::"
         "test_a_learner_shrunk_to_one_of_its_two_slices_takes_twice_as_long_per_step"),
     "snapshot_places_one_tree_for_every_placement": (

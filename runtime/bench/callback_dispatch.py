@@ -2,7 +2,7 @@
 with and without the crash check that fault injection adds (a host callback: at every inner step on two or more
 devices, at the part's end on one).
 
-The part is the learners' own round program (`runtime/diloco/placement.py`, `programs`) on the smoke config's
+The part is the learners' own round program (`runtime/diloco/learner/placement.py`, `programs`) on the smoke config's
 model, H inner steps on zero batches. For each case the table gives the median over `repeats` parts of the seconds
 until the call returned (dispatch) and until the part's results were ready (part); dispatch / part near 1 means
 the part ran on the calling thread: under the real clock, the controller's, which then handles nothing else.
@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from models import lm
 from runtime.cluster import devices as devices_lib
 from runtime.config.run import RunConfig
-from runtime.diloco import placement
+from runtime.diloco.learner import placement
 from runtime.errors import ConfigError
 from runtime.reporting.summary import summary_table
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from runtime.diloco import averaging
+from runtime.diloco.sync import averaging
 from runtime.errors import ConfigError
 
 PyTree = Any

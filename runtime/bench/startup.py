@@ -115,7 +115,7 @@ class JaxMeter:
 
 def _meter_jax_calls(meter: JaxMeter, learners: list, log: Any) -> None:
   """Routes the controller's JAX entry points through `meter`: programs, copies, fetches."""
-  from runtime.diloco import receive  # pylint: disable=g-import-not-at-top
+  from runtime.diloco.learner import receive  # pylint: disable=g-import-not-at-top
   for module, name in ((tree_transfer, "copy_to"), (tree_transfer, "fresh_copy"), (receive, "carry"),
                        (receive, "mix")):
     setattr(module, name, meter.wrap(getattr(module, name)))

@@ -9,7 +9,7 @@ part of H/P − τ, then τ overlap steps), and the report that closes it carrie
 report (n = 0, 1, ...) carries fragment `fragment_of(n, P)`, so the report after inner step t = (n+1)·H/P carries
 the fragment p with `sync_due(t, p, H, P)`: each fragment syncs every H inner steps, fragment p at offset p·H/P.
 The syncer merges each fragment with its own quorum, grace window and outer-optimizer state; see
-runtime/diloco/syncer.py. Θ of one fragment comes back only to the report's learner and replaces that fragment's
+runtime/diloco/sync/syncer.py. Θ of one fragment comes back only to the report's learner and replaces that fragment's
 tensors (carried, mixed or overwritten per outer.receive); the other fragments keep their local progress.
 
 Accounting: a report's `tokens` and `steps` are its round's (each round's data counts once, merged when its
@@ -20,7 +20,7 @@ weight reads `fragment_tokens` / `fragment_steps`, what the fragment trained on 
 rounds left in fragments it had not synced yet is dropped then, though those rounds' data counts as merged.
 
 P = 1 is the unfragmented runtime, bit for bit. This module imports no JAX (the config boundary validates with
-it); the tree side is runtime/diloco/fragment_trees.py.
+it); the tree side is runtime/diloco/sync/fragment_trees.py.
 """
 
 from typing import Any, Sequence

@@ -28,15 +28,15 @@ from runtime.errors import TrainingDiverged
 from runtime.diloco.clock import Event, EventKind, make_clock
 from runtime.diloco.durability import Durability
 from runtime.diloco.ledger import Ledger
-from runtime.diloco.learner import ABSENT, DONE, DOWN, RECONFIGURING, TRAINING, WAITING
+from runtime.diloco.learner.learner import ABSENT, DONE, DOWN, RECONFIGURING, TRAINING, WAITING
 from runtime.diloco.membership import Membership, make_data_service, make_learners
 from runtime.diloco.merge_schedule import IDLE, MergeSchedule
 from runtime.diloco.profiling import RoundsProfile, annotate
-from runtime.diloco.reconfiguration import SeveralSlices
+from runtime.diloco.slices.several_slices import SeveralSlices
 from runtime.diloco.rounds import Rounds
 from runtime.diloco.run_log import RunLog
-from runtime.diloco.slice_lifecycle import OneSlice, SliceLifecycle
-from runtime.diloco.syncer import Syncer
+from runtime.diloco.slices.lifecycle import OneSlice, SliceLifecycle
+from runtime.diloco.sync.syncer import Syncer
 from runtime.network.links import Links
 from runtime.train.harness import Experiment, RunResult, make_logger
 from runtime.faults import injection

@@ -20,15 +20,16 @@ from absl import logging
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.checkpoint.store import Checkpoints
 from runtime.config.run import RunConfig
-from runtime.diloco import clock as clock_lib, messages
-from runtime.diloco.learner import Learner
+from runtime.diloco import clock as clock_lib
+from runtime.diloco.sync import messages
+from runtime.diloco.learner.learner import Learner
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.membership import Membership
 from runtime.diloco.merge_schedule import MergeSchedule
 from runtime.diloco.rounds import Rounds
 from runtime.diloco.run_log import RunLog
-from runtime.diloco.slice_lifecycle import SliceLifecycle
-from runtime.diloco.syncer import Syncer
+from runtime.diloco.slices.lifecycle import SliceLifecycle
+from runtime.diloco.sync.syncer import Syncer
 from runtime.network.links import Links
 from runtime.periodic import SinceLast
 

@@ -5,7 +5,7 @@ M, M+1, ... and are absent while they hold no slice. A lent slice gets the lowes
 the current Θ with fresh inner state, its data leased from the data service. When the slice is reclaimed its
 learner leaves: the work it has not reported is written off as in a failure and its leased data goes back to the
 service; a report it sent before still merges. The syncer's quorum, grace window and outer-step scale follow the
-learners present. Which learner each lent slice runs is the slice lifecycle's (runtime/diloco/slice_lifecycle.py).
+learners present. Which learner each lent slice runs is the slice lifecycle's (runtime/diloco/slices/lifecycle.py).
 """
 
 from typing import Callable, Sequence
@@ -19,10 +19,10 @@ from runtime.config import capacity as capacity_lib
 from runtime.config.run import RunConfig
 from runtime.data.service import DataService, LeasedStream
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner import ABSENT, Learner
+from runtime.diloco.learner.learner import ABSENT, Learner
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.run_log import RunLog
-from runtime.diloco.slice_lifecycle import SliceLifecycle
+from runtime.diloco.slices.lifecycle import SliceLifecycle
 from runtime.faults import injection
 from runtime.train.harness import Experiment
 

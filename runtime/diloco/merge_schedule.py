@@ -18,10 +18,10 @@ import jax
 
 from runtime.config.run import RunConfig
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, Learner
-from runtime.diloco.messages import Report
+from runtime.diloco.learner.learner import ABSENT, DONE, DOWN, FAILED, Learner
+from runtime.diloco.sync.messages import Report
 from runtime.diloco.profiling import annotate
-from runtime.diloco.syncer import MergeResult, Syncer
+from runtime.diloco.sync.syncer import MergeResult, Syncer
 from runtime.train import tree_transfer
 from runtime.train.optim import inner_lr
 

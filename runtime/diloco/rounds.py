@@ -16,14 +16,14 @@ from typing import Callable, Sequence
 
 from runtime.config.run import RunConfig
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner import DONE, RECONFIGURING, TRAINING, WAITING, Learner
+from runtime.diloco.learner.learner import DONE, RECONFIGURING, TRAINING, WAITING, Learner
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.merge_schedule import MergeSchedule
-from runtime.diloco.messages import Delivery, RoundPart
+from runtime.diloco.sync.messages import Delivery, RoundPart
 from runtime.diloco.profiling import annotate
 from runtime.diloco.run_log import RunLog
-from runtime.diloco.slice_lifecycle import SliceLifecycle
-from runtime.diloco.syncer import Syncer
+from runtime.diloco.slices.lifecycle import SliceLifecycle
+from runtime.diloco.sync.syncer import Syncer
 from runtime.network.links import Links
 from runtime.wire.payload import CorruptPayload
 

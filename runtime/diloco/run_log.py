@@ -8,11 +8,11 @@ import jax
 import numpy as np
 
 from runtime.config.run import RunConfig
-from runtime.diloco.learner import ABSENT, DOWN, FAILED, TRAINING, Learner
+from runtime.diloco.learner.learner import ABSENT, DOWN, FAILED, TRAINING, Learner
 from runtime.diloco.ledger import Ledger, uptime
 from runtime.network.links import Links
-from runtime.diloco.messages import Report
-from runtime.diloco.syncer import MergeResult
+from runtime.diloco.sync.messages import Report
+from runtime.diloco.sync.syncer import MergeResult
 from runtime.train.harness import Experiment, RunResult, Stopwatch, run_time_kind
 from runtime.reporting.metrics import MetricsLogger
 from runtime.config import network as links_config

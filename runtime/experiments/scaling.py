@@ -33,7 +33,7 @@ ANCHOR = {35e6: {1: -0.1, 2: 0.7, 4: 2.0, 8: 3.9}, 90e6: {1: -0.1, 2: 0.5, 4: 1.
 GRID_COLUMNS = ("size", "M", "seed", "outer_lr", "outer_momentum", "inner_lr", "batch", "eval_loss", "gap_%")
 STUDY_FILE = "study.json"
 POINT_FILE = "point.json"
-# How launch.train ends a run whose syncer stopped it (runtime/diloco/syncer.py, then cli.guarded's one line).
+# How launch.train ends a run whose syncer stopped it (runtime/diloco/sync/syncer.py, then cli.guarded's one line).
 DIVERGED_LINE = "error: training diverged"
 DIVERGED_FILE = "diverged.txt"  # a point whose run diverged: finished, with no loss (the line it ended with)
 COLUMNS = ("size", "params", "M", "eval_loss", "gap_%", "gap_range_%", "outer_lr", "outer_momentum", "inner_lr",

@@ -4,7 +4,7 @@ A crash is injected from inside the learner's device program: a host callback in
 step raises once the step reaches the armed one, so the controller sees a genuine JAX runtime
 error, either at dispatch or when it awaits the result (XLA:CPU reports every host callback's error
 as INTERNAL). On a slice of one device the check runs once, in a program queued behind the part
-(runtime/diloco/placement.py says why), and fails the part's outputs at its end instead. A program
+(runtime/diloco/learner/placement.py says why), and fails the part's outputs at its end instead. A program
 bug is injected at dispatch, as the INVALID_ARGUMENT error a broken program raises there, every
 time: it is no lost slice.
 """
@@ -92,7 +92,7 @@ class Router:
   """Where the learners' programs send their step checks: to the injector of the controller training now.
 
   A learner's programs are shared by every run in the process with the same model, optimizer and mesh
-  (runtime/diloco/placement.py), so their host callback cannot hold one run's injector; a controller routes the
+  (runtime/diloco/learner/placement.py), so their host callback cannot hold one run's injector; a controller routes the
   checks to its own for as long as it trains. With none routed, nothing is armed and every check passes.
   """
 

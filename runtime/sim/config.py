@@ -9,7 +9,7 @@ from runtime.errors import check
 
 SECONDS_PER_DAY = 86_400.0
 SECONDS_PER_YEAR = 365.0 * SECONDS_PER_DAY
-# The runtime's faults.learner_recovery offers the same two, meaning the same (runtime/diloco/reconfiguration.py).
+# The runtime's faults.learner_recovery offers the same two, meaning the same (runtime/diloco/slices/several_slices.py).
 LEARNER_RECOVERIES = ("reconfigure", "restart")
 SETUP_KINDS = ("data-parallel", "elastic", "decoupled")
 

@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
 from runtime.cluster import devices as devices_lib
-from runtime.diloco import placement
+from runtime.diloco.learner import placement
 from runtime.experiments import modes
 from runtime.faults import injection
 

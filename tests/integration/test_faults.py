@@ -7,8 +7,8 @@ import pytest
 from runtime.experiments import modes
 from runtime.diloco.controller import Controller
 from runtime.train.harness import Experiment
-from runtime.diloco.learner import Learner
-from runtime.diloco.syncer import Syncer
+from runtime.diloco.learner.learner import Learner
+from runtime.diloco.sync.syncer import Syncer
 
 
 def _controller(config):

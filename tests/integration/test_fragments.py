@@ -13,10 +13,10 @@ from runtime.config import fragment_plan
 
 from runtime.experiments import modes
 from runtime.config.run import OuterConfig, from_config_dict
-from runtime.diloco import learner as learner_lib
-from runtime.diloco import syncer as syncer_lib
-from runtime.diloco.fragment_trees import FragmentTrees, fragment_paths
-from runtime.diloco.messages import Report
+from runtime.diloco.learner import learner as learner_lib
+from runtime.diloco.sync import syncer as syncer_lib
+from runtime.diloco.sync.fragment_trees import FragmentTrees, fragment_paths
+from runtime.diloco.sync.messages import Report
 from runtime.errors import ConfigError
 from runtime.train.harness import Experiment
 from invariants import assert_ranges_tile

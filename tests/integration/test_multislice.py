@@ -9,7 +9,7 @@ from runtime.cluster import devices as devices_lib
 from runtime.experiments import modes
 from runtime.cluster import multislice
 from runtime.diloco.controller import Controller
-from runtime.diloco.learner import Learner
+from runtime.diloco.learner.learner import Learner
 from runtime.errors import ConfigError
 from runtime.train.harness import Experiment
 

@@ -13,7 +13,7 @@ import pytest
 
 from invariants import assert_ranges_tile
 from runtime.cluster import devices as devices_lib
-from runtime.diloco import learner as learner_lib
+from runtime.diloco.learner import learner as learner_lib
 from runtime.experiments import modes
 from runtime.train import tree_transfer
 

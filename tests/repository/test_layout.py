@@ -48,12 +48,71 @@ def test_no_library_file_exceeds_600_lines_a_sanity_limit_not_a_target():
   assert not {f: n for f, n in sizes.items() if n > 600}
 
 
-CONTROLLER_PARTS = ["controller", "rounds", "merge_schedule", "slice_lifecycle", "reconfiguration", "membership",
-                    "durability"]
+def _package(module: str) -> str:
+  """The package a module belongs to: its folder's dotted name."""
+  path = _modules()[module]
+  return module if path.name == "__init__.py" else module.rpartition(".")[0]
 
 
-@pytest.mark.parametrize("path", [f"runtime/diloco/{part}.py" for part in CONTROLLER_PARTS])
-def test_the_controller_and_its_collaborators_assign_no_attribute_of_another_object(path):
+def _package_imports() -> dict[tuple[str, str], list[str]]:
+  """(importing package, imported package) -> the imports between them, over runtime's packages at one depth: its
+  top packages (runtime.X, subpackages included), and each package's subpackages among themselves."""
+  modules = _modules()
+  pairs: dict[tuple[str, str], list[str]] = {}
+  for module in (m for m in modules if m.startswith("runtime.")):
+    for dep in _imports(modules[module], set(modules)):
+      a, b = _package(module).split("."), _package(dep).split(".")
+      depth = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+      if depth is not None and depth >= 1 and len(a) > depth and len(b) > depth:
+        pairs.setdefault((".".join(a[:depth + 1]), ".".join(b[:depth + 1])), []).append(f"{module} -> {dep}")
+  return pairs
+
+
+def test_no_two_packages_import_each_other():
+  """Packages depend one way (STYLE.md, item 12): runtime's packages, and the subpackages of each one."""
+  pairs = _package_imports()
+  both = {f"{a} <-> {b}": sorted(pairs[a, b] + pairs[b, a]) for a, b in pairs if (b, a) in pairs and a < b}
+  assert not both
+
+
+def test_no_module_reads_or_writes_another_objects_private_attributes():
+  """`x._name` only for x = self (or cls, or super()); runtime/bench meters the controller's internals by wrapping
+  them, which is what a benchmark of them is for."""
+  found = []
+  for module, path in _modules().items():
+    if module.startswith("runtime.bench"):
+      continue
+    tree = ast.parse(path.read_text())
+    allowed = {"self", "cls"} | _external(tree)
+    for node in ast.walk(tree):
+      if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+        continue
+      owner = node.value
+      if isinstance(owner, ast.Call) and ast.unparse(owner.func) == "super":
+        continue
+      if isinstance(owner, ast.Name) and owner.id in allowed:
+        continue
+      found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+  assert not found
+
+
+def _external(tree: ast.Module) -> set[str]:
+  """Names bound to modules outside the project (`os`, jax's own), whose private names are theirs to allow."""
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] not in PACKAGES}
+    elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] not in PACKAGES:
+      names |= {a.asname or a.name for a in node.names}
+  return names
+
+
+OWNERS = ["controller", "rounds", "merge_schedule", "membership", "durability", "slices/lifecycle",
+          "slices/several_slices"]
+
+
+@pytest.mark.parametrize("path", [f"runtime/diloco/{owner}.py" for owner in OWNERS])
+def test_the_controller_and_the_owners_it_builds_assign_no_attribute_of_another_object(path):
   tree = ast.parse((ROOT / path).read_text())
   foreign = []
   for node in ast.walk(tree):
@@ -64,6 +123,23 @@ def test_the_controller_and_its_collaborators_assign_no_attribute_of_another_obj
       if owner is not None and not (isinstance(owner, ast.Name) and owner.id == "self"):
         foreign.append(f"line {node.lineno}: {ast.unparse(target)}")
   assert not foreign
+
+
+def test_a_learners_status_changes_only_inside_the_learner_package():
+  """Its lifecycle is one table of legal transitions (runtime/diloco/learner/lifecycle.py); everyone else asks the
+  learner to do something, and the learner moves its status."""
+  found = []
+  for module, path in _modules().items():
+    if module.startswith("runtime.diloco.learner"):
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "set_status":
+        found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+      if isinstance(node, (ast.Assign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        found += [f"{module}:{node.lineno}: {ast.unparse(t)}" for t in targets
+                  if isinstance(t, ast.Attribute) and t.attr == "status"]
+  assert not found
 
 
 def _classes() -> dict[str, list[ast.ClassDef]]:

@@ -3,7 +3,7 @@ counts not at all."""
 
 import math
 
-from runtime.diloco.device_timeline import DeviceTimeline
+from runtime.diloco.learner.device_timeline import DeviceTimeline
 
 
 def test_a_part_queued_behind_another_begins_when_it_ends_and_gaps_are_idle():

@@ -13,9 +13,9 @@ from models import lm
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.cluster import devices as devices_lib
 from runtime.experiments import modes
-from runtime.diloco.learner import DOWN, TRAINING, WAITING, Learner
-from runtime.diloco import messages
-from runtime.diloco.messages import Delivery
+from runtime.diloco.learner.learner import DOWN, TRAINING, WAITING, Learner
+from runtime.diloco.sync import messages
+from runtime.diloco.sync.messages import Delivery
 from runtime.train.harness import Experiment
 from test_learner_book import KEYS_BEFORE_THE_BOOK
 
@@ -186,7 +186,7 @@ def test_a_snapshot_restores_into_a_fresh_learner_its_book_state_and_part_in_fli
 
 def test_a_main_part_copies_its_report_itself_so_the_part_behind_it_may_donate_the_state(setup, monkeypatch):
   """No copy program is enqueued for a whole report: the main part returns the copy, in its own buffers."""
-  from runtime.diloco import report_capture  # pylint: disable=g-import-not-at-top
+  from runtime.diloco.learner import report_capture  # pylint: disable=g-import-not-at-top
   copies = []
   monkeypatch.setattr(report_capture.tree_transfer, "fresh_copy", lambda t: copies.append(t) or jax.tree.map(
       lambda x: x.copy(), t))
@@ -204,7 +204,7 @@ def test_a_main_part_copies_its_report_itself_so_the_part_behind_it_may_donate_t
 
 
 def test_a_report_taken_from_another_state_than_the_main_part_ended_in_is_copied_from_that_state(setup, monkeypatch):
-  from runtime.diloco import report_capture  # pylint: disable=g-import-not-at-top
+  from runtime.diloco.learner import report_capture  # pylint: disable=g-import-not-at-top
   copies = []
   monkeypatch.setattr(report_capture.tree_transfer, "fresh_copy", lambda t: copies.append(t) or jax.tree.map(
       lambda x: x.copy(), t))
@@ -225,7 +225,7 @@ def test_without_overlap_steps_a_report_is_the_states_own_tensors_and_the_next_r
                                                                                                        monkeypatch):
   """τ = 0: no part runs behind the report's part before the Θ that answers it replaces the reported tensors, so the
   report copies nothing (no copy program, no copied outputs), and the next round donates Θ's buffers, not its."""
-  from runtime.diloco import report_capture  # pylint: disable=g-import-not-at-top
+  from runtime.diloco.learner import report_capture  # pylint: disable=g-import-not-at-top
   copies = []
   monkeypatch.setattr(report_capture.tree_transfer, "fresh_copy", lambda t: copies.append(t) or t)
   _, learner, _, theta, _ = setup

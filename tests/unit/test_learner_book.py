@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from runtime.diloco.learner_book import ABSENT, DONE, DOWN, TRAINING, WAITING, LearnerBook
-from runtime.diloco.messages import Report
+from runtime.diloco.learner.book import ABSENT, DONE, DOWN, TRAINING, WAITING, LearnerBook
+from runtime.diloco.sync.messages import Report
 
 # A value for every field, each unlike its default.
 CHANGED = dict(

@@ -6,10 +6,10 @@ import jax
 
 from controller_fakes import FakeLearner, FakeLog, FakeSyncer
 from runtime.diloco.clock import EventKind, make_clock
-from runtime.diloco.learner import ABSENT, WAITING
+from runtime.diloco.learner.learner import ABSENT, WAITING
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.membership import Membership
-from runtime.diloco.slice_lifecycle import OneSlice, SliceLifecycle
+from runtime.diloco.slices.lifecycle import OneSlice, SliceLifecycle
 from runtime.experiments import modes
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from runtime.diloco import averaging
+from runtime.diloco.sync import averaging
 # Every distinct (learner count, leaf shapes) pair costs one compilation, so both come from
 # small fixed sets and the examples vary only the values.
 PROPERTY = settings(max_examples=25, deadline=None)

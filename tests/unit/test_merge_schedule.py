@@ -4,7 +4,7 @@ import types
 
 from controller_fakes import FakeLearner, FakeSyncer
 from runtime.diloco.clock import EventKind, make_clock
-from runtime.diloco.learner import DONE, DOWN
+from runtime.diloco.learner.learner import DONE, DOWN
 from runtime.diloco.merge_schedule import IDLE, RUNNING, SCHEDULED, MergeSchedule
 from runtime.experiments import modes
 

@@ -4,7 +4,7 @@ import types
 
 from controller_fakes import FakeLearner, FakeLog, FakeSyncer
 from runtime.diloco.clock import EventKind, make_clock
-from runtime.diloco.learner import DONE, WAITING
+from runtime.diloco.learner.learner import DONE, WAITING
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.rounds import Rounds
 from runtime.experiments import modes

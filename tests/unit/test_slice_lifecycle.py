@@ -5,10 +5,10 @@ import pytest
 
 from controller_fakes import FakeLearner, FakeLog, FakeSyncer
 from runtime.diloco.clock import Event, EventKind, make_clock
-from runtime.diloco.learner import DOWN, FAILED, WAITING
+from runtime.diloco.learner.learner import DOWN, FAILED, WAITING
 from runtime.diloco.ledger import Ledger
-from runtime.diloco.reconfiguration import SeveralSlices
-from runtime.diloco.slice_lifecycle import OneSlice, SliceLifecycle
+from runtime.diloco.slices.several_slices import SeveralSlices
+from runtime.diloco.slices.lifecycle import OneSlice, SliceLifecycle
 from runtime.errors import ProgramError
 from runtime.experiments import modes
 from runtime.faults.plan import timed_events

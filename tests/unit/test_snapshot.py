@@ -7,7 +7,7 @@ import numpy as np
 
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.cluster import devices as devices_lib
-from runtime.diloco.messages import CODECS, Report
+from runtime.diloco.sync.messages import CODECS, Report
 
 
 def test_shared_arrays_are_stored_once_and_unpacked_once_per_placement():

@@ -10,8 +10,8 @@ import pytest
 
 from runtime.cluster import devices as devices_lib
 from runtime.config.run import OuterConfig
-from runtime.diloco.messages import Report
-from runtime.diloco.syncer import Syncer, merge_sizes, outer_step
+from runtime.diloco.sync.messages import Report
+from runtime.diloco.sync.syncer import Syncer, merge_sizes, outer_step
 
 
 def _report(learner, params, tokens=100, steps=10, base=0):

@@ -10,7 +10,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from runtime.checkpoint import snapshot as snapshot_lib
-from runtime.diloco.messages import RoundPart
+from runtime.diloco.sync.messages import RoundPart
 from runtime.train.programs import TrainState
 
 

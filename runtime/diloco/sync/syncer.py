@@ -24,10 +24,10 @@ import numpy as np
 import optax
 
 from runtime.config.run import OuterConfig
-from runtime.diloco import averaging
-from runtime.diloco.fragment_trees import FragmentTrees
+from runtime.diloco.sync import averaging
+from runtime.diloco.sync.fragment_trees import FragmentTrees
 from runtime.checkpoint import snapshot as snapshot_lib
-from runtime.diloco.messages import Delivery, Report
+from runtime.diloco.sync.messages import Delivery, Report
 from runtime.wire.codecs import Codec
 from runtime.wire.downlink import NO_MIRROR, Mirrors
 from runtime.wire.payload import CorruptPayload

@@ -4,7 +4,7 @@ A round is the learner's work between two receipts of Θ: H inner steps (H/P wit
 carrying one fragment: runtime/config/fragment_plan.py), dispatched as a main part of H − τ steps that ends in a
 report, and an overlap part of τ steps that trains while the report syncs. Θ of one fragment replaces (carry, mix,
 overwrite) that fragment's tensors only: the others keep their local progress; Θ whole replaces them all.
-The learner keeps its own bookkeeping in its book (runtime/diloco/learner_book.py: tokens and steps since Θ, where
+The learner keeps its own bookkeeping in its book (runtime/diloco/learner/book.py: tokens and steps since Θ, where
 its data stands, what it has reported) and its device state itself; the controller only asks it to dispatch,
 collect, report, adopt Θ, fail and rejoin.
 """
@@ -19,13 +19,13 @@ from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.train import tree_transfer
 from runtime.config.run import RunConfig
 from runtime.data.service import LeasedStream
-from runtime.diloco import placement as placement_lib
-from runtime.diloco import receive as receive_lib
-from runtime.diloco.fragment_trees import LearnerFragments
-from runtime.diloco.learner_book import ABSENT, DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING, LearnerBook
-from runtime.diloco.messages import Delivery, Failure, Report, RoundPart
-from runtime.diloco.part_queue import PartQueue
-from runtime.diloco.report_capture import ReportCapture
+from runtime.diloco.learner import placement as placement_lib
+from runtime.diloco.learner import receive as receive_lib
+from runtime.diloco.sync.fragment_trees import LearnerFragments
+from runtime.diloco.learner.book import ABSENT, DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING, LearnerBook
+from runtime.diloco.sync.messages import Delivery, Failure, Report, RoundPart
+from runtime.diloco.learner.parts import PartQueue
+from runtime.diloco.learner.report_capture import ReportCapture
 from runtime.faults import injection
 from runtime.config.fragment_plan import WHOLE
 from runtime.train.programs import TrainState, schedule_to
@@ -40,7 +40,7 @@ __all__ = ["ABSENT", "DONE", "DOWN", "FAILED", "RECONFIGURING", "TRAINING", "WAI
 
 class Learner:
   """Owns one slice (or several); all device work is dispatched asynchronously and awaited only in `collect`, its
-  parts in flight oldest first (runtime/diloco/part_queue.py)."""
+  parts in flight oldest first (runtime/diloco/learner/parts.py)."""
 
   STATE_LOST = (DOWN, FAILED)  # statuses whose device state is gone (a checkpoint saves none)
 

@@ -2,7 +2,7 @@
 
 `SliceLifecycle` owns the slice pool (spares, repairs, learners waiting, slices held for a rejoin), the crash plan,
 the fault injector and which learner each lent slice runs. How a learner takes a lost or a given slice is a policy
-chosen once, by whoever builds it: `OneSlice` here, or `SeveralSlices` (runtime/diloco/reconfiguration.py) for
+chosen once, by whoever builds it: `OneSlice` here, or `SeveralSlices` (runtime/diloco/slices/several_slices.py) for
 learners of k > 1 slices.
 Lent slices come after the owned ones, at [num_slices, num_slices + lent): they are never spares of the owned
 learners, and a lent learner that crashes waits for its own slice's repair, unless the slice is reclaimed first.
@@ -18,11 +18,11 @@ from runtime.cluster import multislice
 from runtime.cluster.slice_pool import SlicePool
 from runtime.config.run import RunConfig
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner import ABSENT, DONE, DOWN, FAILED, Learner
+from runtime.diloco.learner.learner import ABSENT, DONE, DOWN, FAILED, Learner
 from runtime.diloco.ledger import Ledger
-from runtime.diloco.messages import Failure
+from runtime.diloco.sync.messages import Failure
 from runtime.diloco.run_log import RunLog
-from runtime.diloco.syncer import Syncer
+from runtime.diloco.sync.syncer import Syncer
 from runtime.errors import ProgramError
 from runtime.faults import injection
 from runtime.faults.plan import CrashPlan

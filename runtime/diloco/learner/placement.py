@@ -19,7 +19,7 @@ from models import lm
 from models.config import ModelConfig
 from runtime.cluster import devices as devices_lib
 from runtime.config.run import InnerOptConfig, RunConfig
-from runtime.diloco import receive as receive_lib
+from runtime.diloco.learner import receive as receive_lib
 from runtime.faults import injection
 from runtime.train import tree_transfer
 from runtime.train.optim import inner_optimizer

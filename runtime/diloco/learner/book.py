@@ -1,6 +1,6 @@
 """A learner's bookkeeping: what it has trained and reported since Θ, where its data stands, its status and times.
 
-The book is plain data, owned by the learner (runtime/diloco/learner.py), which books into it what its rounds
+The book is plain data, owned by the learner (runtime/diloco/learner/learner.py), which books into it what its rounds
 train, report and adopt. Its fields are the learner's checkpoint JSON field for field, so saving and restoring it
 goes over `dataclasses.fields` and a new field is saved without being named twice.
 """
@@ -9,7 +9,7 @@ import dataclasses
 import math
 from typing import Any
 
-from runtime.diloco.messages import Report
+from runtime.diloco.sync.messages import Report
 
 TRAINING, WAITING, DOWN, DONE = "training", "waiting", "down", "done"
 ABSENT = "absent"  # a learner of lent capacity while it has no slice (not yet lent, or reclaimed)

@@ -1,7 +1,7 @@
 """Learners of several slices (slices_per_learner = k > 1): a slice of theirs lost, a slice given to them, and their
 moves between sets of slices.
 
-`SeveralSlices` is the policy of the slice lifecycle (runtime/diloco/slice_lifecycle.py) for k > 1. The slice pool
+`SeveralSlices` is the policy of the slice lifecycle (runtime/diloco/slices/lifecycle.py) for k > 1. The slice pool
 keeps the healthy slices each such learner holds (`owned`): those it trains on, and while it is down or about to
 grow, those kept for it. For every slice it loses the learner asks for one
 back: a spare (after faults.spare_swap_seconds), or else the next slice repaired. When one of its slices fails,
@@ -27,9 +27,9 @@ takes all its slices down.
 from typing import Sequence
 
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner import DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING, Learner
-from runtime.diloco.messages import Failure
-from runtime.diloco.slice_lifecycle import SliceLifecycle
+from runtime.diloco.learner.learner import DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING, Learner
+from runtime.diloco.sync.messages import Failure
+from runtime.diloco.slices.lifecycle import SliceLifecycle
 
 
 class SeveralSlices:

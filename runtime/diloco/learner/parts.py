@@ -12,9 +12,9 @@ from typing import Any, Iterator
 import jax
 
 from runtime.checkpoint import snapshot as snapshot_lib
-from runtime.diloco.device_timeline import DeviceTimeline
-from runtime.diloco.messages import RoundPart
-from runtime.diloco.part_snapshot import pack_before, pack_part, unpack_before, unpack_part
+from runtime.diloco.learner.device_timeline import DeviceTimeline
+from runtime.diloco.sync.messages import RoundPart
+from runtime.diloco.learner.part_snapshot import pack_before, pack_part, unpack_before, unpack_part
 from runtime.train.programs import TrainState
 
 
