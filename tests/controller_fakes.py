@@ -2,8 +2,8 @@
 
 import types
 
-from runtime.diloco.learner.learner import ABSENT, DOWN, RECONFIGURING, TRAINING, WAITING
-from runtime.diloco.sync.messages import Failure
+from runtime.diloco.learner.learner import Failure
+from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, RECONFIGURING, TRAINING, WAITING
 
 
 class FakeLearner:
@@ -18,9 +18,36 @@ class FakeLearner:
     self.unmerged_tokens = 0  # what a failure writes off
     self.calls: list[tuple] = []
 
-  def set_status(self, status: str, now: float) -> None:
+  def _move(self, status: str, now: float) -> None:
     self.status = status
     self.calls.append(("status", status, now))
+
+  def finish(self, now: float) -> None:
+    self._move(DONE, now)
+
+  def wait(self, now: float) -> None:
+    self._move(WAITING, now)
+
+  def reconfigure(self, now: float) -> None:
+    self._move(RECONFIGURING, now)
+
+  def await_repair(self, now: float) -> None:
+    self._move(DOWN, now)
+
+  def parts_in_flight(self) -> int:
+    return len(self.parts)
+
+  def resume_kind(self) -> str:
+    return self.parts[0].kind if self.parts else ""
+
+  def has_theta(self) -> bool:
+    return self.inbox is not None
+
+  def after_queued(self) -> str:
+    return "after_report" if self.parts and self.parts[-1].kind == "main" else "adopt" if self.inbox else "train_on"
+
+  def seconds_per_step(self, part) -> float:
+    return (part.modeled_seconds or self.device.last_seconds) / part.steps
 
   def fail(self, now: float, status: str = DOWN) -> Failure:
     failure = Failure(self.slice_index, "", self.unmerged_tokens, 1.5)
@@ -42,7 +69,7 @@ class FakeLearner:
 
   def lose_part(self, now: float) -> Failure:
     """One of its slices failed: it reconfigures, losing its part in flight (none here)."""
-    self.set_status(RECONFIGURING, now)
+    self.reconfigure(now)
     return Failure(self.slice_index, "", 0, 0.0)
 
   def regroup(self, slices: tuple, devices) -> None:
@@ -91,24 +118,70 @@ class FakeLearner:
 
 
 class FakeLog:
-  """The run log's fault records."""
+  """The run log's fault records, and the merges it was told of."""
 
   def __init__(self):
     self.faults: list[dict] = []
     self.merged_ranges: list = []
+    self.merges: list[tuple] = []
 
   def fault(self, kind: str, learner: int, now: float, detail: str) -> None:
     self.faults.append(dict(fault=kind, learner=learner, time=now, detail=detail))
 
+  def merged(self, report) -> None:
+    self.merged_ranges.append(report.learner)
+
+  def merge(self, result, reports, now, stamp, learners, grace, quorum, goodput, lrs) -> None:
+    del stamp, learners, goodput, lrs
+    self.merges.append((result, list(reports), now, grace, quorum))
+
+  def evaluate(self, params, version, now, stamp, force=False) -> None:
+    pass
+
+  def adopted(self, seconds: float) -> None:
+    pass
+
   def kinds(self) -> list[str]:
     return [f["fault"] for f in self.faults]
+
+
+class FakeBudget:
+  """The budget's losses, recorded (each fault in the log as the budget would), over a real ledger."""
+
+  def __init__(self, clock, log: FakeLog, ledger, tokens_dispatched: int = 0, tokens_per_step: int = 1):
+    self.clock, self.log, self.ledger = clock, log, ledger
+    self.tokens_dispatched, self.tokens_per_step = tokens_dispatched, tokens_per_step
+    self.lost: list[tuple[int, float]] = []
+
+  def lose(self, tokens: int, seconds: float, fault=None) -> None:
+    if fault is not None:
+      self.log.fault(fault[0], fault[1], self.clock.now(), fault[2])
+    self.lost.append((tokens, seconds))
+    self.ledger.lost(seconds)
+
+  def schedule_step(self) -> int:
+    return self.tokens_dispatched // self.tokens_per_step
+
+
+class FakePost:
+  """Θ pulled or sent outside a merge: who, and when."""
+
+  def __init__(self, clock):
+    self.clock, self.pulled, self.sent = clock, [], []
+
+  def pull(self, learner: int, round_: int) -> None:
+    del round_
+    self.pulled.append((learner, self.clock.now()))
+
+  def send(self, learner: int, delivery) -> None:
+    self.sent.append((learner, delivery))
 
 
 class FakeSyncer:
   """Θ's version and the reports waiting; a quorum of `quorum` reports makes fragment 0 ready."""
 
   def __init__(self, quorum: int = 2):
-    self.params, self.version, self.pending, self.quorum = "theta", 3, [], quorum
+    self.params, self.version, self.pending, self.quorum_size = "theta", 3, [], quorum
     self.trees, self.mirrors = types.SimpleNamespace(num=1), None
     self.computed: list[list] = []
     self.xi_step = types.SimpleNamespace(value=0.1)  # seconds per inner step
@@ -118,7 +191,7 @@ class FakeSyncer:
 
   def ready(self, able: list[int]) -> int | None:
     del able
-    return 0 if len(self.pending) >= self.quorum else None
+    return 0 if len(self.pending) >= self.quorum_size else None
 
   def observe_quorum(self, now: float, fragment: int) -> None:
     pass
@@ -134,7 +207,8 @@ class FakeSyncer:
 
   def compute(self, reports, members: int):
     self.computed.append(list(reports))
-    return types.SimpleNamespace(merged=(), reports=tuple(reports), members=members)
+    return types.SimpleNamespace(merged=(), reports=tuple(reports), members=members, quarantined=(), params=None,
+                                 fragment=0)
 
   def compile_merges(self) -> None:
     pass
@@ -143,7 +217,20 @@ class FakeSyncer:
     pass
 
   def answer(self, report, verdict: str):
-    return types.SimpleNamespace(payload=None, fragment=0, verdict=verdict, learner=report.learner)
+    return types.SimpleNamespace(payload=None, fragment=0, verdict=verdict, learner=report.learner, params=None)
+
+  def commit(self, result, live_versions) -> None:
+    del live_versions
+    self.version += 1
+
+  def divergence(self) -> str:
+    return ""
+
+  def observe_sync(self, seconds: float) -> None:
+    pass
+
+  def quorum(self, able: int) -> int:
+    return min(self.quorum_size, able)
 
   def latest(self, round_: int):
     return types.SimpleNamespace(payload=None, fragment=0, verdict="latest", round=round_)

@@ -22,7 +22,7 @@ class DataService:
   """Leases serials of the global window stream: given-back serials first, then fresh ones."""
 
   def __init__(self, tokens: np.ndarray, *, seq_len: int, seed: int):
-    self._windows = data_lib.windows(tokens, seq_len, 1)
+    self._windows = data_lib.cut_windows(tokens, seq_len, 1)
     if not len(self._windows):
       raise DataError(f"the training split has {len(tokens)} tokens: fewer than one window of seq_len + 1")
     self.seq_len, self.seed = seq_len, seed

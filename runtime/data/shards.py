@@ -77,7 +77,7 @@ class ShardIterator(BatchStream):
 
   def __init__(self, tokens: np.ndarray, *, batch_size: int, seq_len: int,
                num_shards: int = 1, shard_index: int = 0, seed: int = 0, layout: str = "contiguous"):
-    self._windows = windows(tokens, seq_len, batch_size)
+    self._windows = cut_windows(tokens, seq_len, batch_size)
     if layout not in SHARD_LAYOUTS:
       raise DataError(f"shard layout = {layout!r} is invalid: allowed one of {SHARD_LAYOUTS}")
     self._strided = layout == "strided"
@@ -287,7 +287,7 @@ def eval_batches(tokens: np.ndarray, *, batch_size: int, seq_len: int,
   A split too small for that many windows gives as many whole batches of `batch_size` as its windows fill (evenly
   spaced over them), or one batch of all of them when they fill none (the caller says so: `short_of`).
   """
-  windows = windows(tokens, seq_len, batch_size)
+  windows = cut_windows(tokens, seq_len, batch_size)
   if num_batches < 1:
     raise DataError(f"num_batches = {num_batches!r} is invalid: allowed an integer >= 1")
   if not len(windows):
@@ -310,7 +310,7 @@ def short_of(batches: np.ndarray, num_batches: int, batch_size: int) -> str:
           f"{batches.shape[1]}; a larger eval split evaluates more precisely")
 
 
-def windows(tokens: "np.ndarray | prepared.TokenSplit", seq_len: int, batch_size: int) -> Any:
+def cut_windows(tokens: "np.ndarray | prepared.TokenSplit", seq_len: int, batch_size: int) -> Any:
   """Disjoint windows of seq_len + 1 tokens, dropping the tail: a [num_windows, seq_len + 1] view of an array in
   memory, or a prepared split's `Windows` (the same indexing, read from disk)."""
   if seq_len < 1:

@@ -9,6 +9,7 @@ orders them as they actually finish.
 import concurrent.futures
 import dataclasses
 import enum
+import functools
 import heapq
 import time
 from typing import Any, Callable, Sequence
@@ -168,12 +169,13 @@ class VirtualClock:
   def resume(self) -> None:
     pass  # (modeled time passes only where modeled)
 
-  def snapshot(self, encode: Callable[[Event], Any]) -> dict:
+  def snapshot(self, packer) -> dict:
     """The time, the jitter's random state, the slowdowns and every scheduled event."""
     return dict(now=self._now, rng=self._rng.bit_generator.state, slowdown=sorted(self._slowdown.items()),
-                timeline=self._timeline.snapshot(encode))
+                timeline=self._timeline.snapshot(functools.partial(pack_event, packer)))
 
-  def restore(self, saved: dict, decode: Callable[[Any], Event]) -> None:
+  def restore(self, saved: dict, unpacker) -> None:
+    decode = functools.partial(unpack_event, unpacker)
     self._now = saved["now"]
     self._rng.bit_generator.state = saved["rng"]
     self._slowdown = {learner: factor for learner, factor in saved["slowdown"]}
@@ -215,13 +217,15 @@ class RealClock:
       self._start += time.perf_counter() - self._paused_at
       self._paused_at = None
 
-  def snapshot(self, encode: Callable[[Event], Any]) -> dict:
+  def snapshot(self, packer) -> dict:
     """The time, the timers, and the events of work in progress (saved finished: the snapshot awaits it)."""
+    encode = functools.partial(pack_event, packer)
     return dict(now=self.now(), timeline=self._timeline.snapshot(encode),
                 watching=[encode(event) for _, event in self._watching], slowdown=sorted(self._slowdown.items()))
 
-  def restore(self, saved: dict, decode: Callable[[Any], Event]) -> None:
+  def restore(self, saved: dict, unpacker) -> None:
     """Time goes on from the snapshot's (the time the run was down is not counted); saved work is done now."""
+    decode = functools.partial(unpack_event, unpacker)
     self._start = time.perf_counter() - saved["now"]
     self._paused_at = None if self._paused_at is None else time.perf_counter()  # (still paused: from saved["now"])
     self._slowdown = {learner: factor for learner, factor in saved.get("slowdown", ())}

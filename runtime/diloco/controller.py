@@ -1,19 +1,12 @@
-"""The single controller: dispatches learners' rounds, feeds the syncer, redistributes Θ.
+"""The single controller: one Python thread owns every slice and runs the event loop.
 
-One Python thread of control owns every slice. Each learner's round is an asynchronous device
-program whose output arrays are its future; the clock hands completions back in the order they
-happen (really, or in seeded virtual time). Merges run in the controller's worker thread while
-learners keep training. A failed slice is a removed future: its learner is marked down, its
-unmerged work is written off, and everyone else carries on; it rejoins from the current Θ.
-
-The controller is the event loop and nothing else: it builds the collaborators, each owning its state, and
-hands each event to its handler through one table. Learners keep their own bookkeeping, the syncer its quorum and
-grace window; `Rounds` the token budget, reports and Θ on their way; `MergeSchedule` when merges run;
-`SliceLifecycle` crashes, repairs, spares and rejoins; `Membership` lent capacity; `Durability` the checkpoints.
+Each learner's part of a round is an asynchronous device program whose outputs are its future; the clock hands
+completions back in the order they happen (really, or in seeded virtual time), and the loop hands each event to its
+owner's handler through one table, then checks once for a quorum ready to merge. A failed slice is a removed future.
+The owners it builds, and who owns what: docs/architecture.md.
 """
 
 import concurrent.futures
-import dataclasses
 import os
 import pathlib
 
@@ -24,19 +17,22 @@ from models import lm
 from runtime.cluster import devices as devices_lib
 from runtime.cluster import multislice
 from runtime.config.run import RunConfig
-from runtime.errors import TrainingDiverged
+from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind, make_clock
 from runtime.diloco.durability import Durability
+from runtime.diloco.learner.learner import Learners
+from runtime.diloco.learner.lifecycle import DOWN, RECONFIGURING, TRAINING, WAITING
 from runtime.diloco.ledger import Ledger
-from runtime.diloco.learner.learner import ABSENT, DONE, DOWN, RECONFIGURING, TRAINING, WAITING
 from runtime.diloco.membership import Membership, make_data_service, make_learners
-from runtime.diloco.merge_schedule import IDLE, MergeSchedule
+from runtime.diloco.merge_schedule import IDLE, RUNNING, MergeSchedule
 from runtime.diloco.profiling import RoundsProfile, annotate
-from runtime.diloco.slices.several_slices import SeveralSlices
 from runtime.diloco.rounds import Rounds
 from runtime.diloco.run_log import RunLog
-from runtime.diloco.slices.lifecycle import OneSlice, SliceLifecycle
+from runtime.diloco.slices.lifecycle import SliceLifecycle
+from runtime.diloco.slices.one_slice import OneSlice
+from runtime.diloco.slices.several_slices import SeveralSlices
 from runtime.diloco.sync.syncer import Syncer
+from runtime.diloco.theta_post import ThetaPost
 from runtime.network.links import Links
 from runtime.train.harness import Experiment, RunResult, make_logger
 from runtime.faults import injection
@@ -74,28 +70,26 @@ class Controller:
     shares = [run.learner_batch(m) * run.learners / run.data.batch_size for m in range(len(self.learners))]
     self.clock = make_clock(run.clock, len(self.learners), run.seed, shares)
     self.links = Links(run, self.clock.transfer_seconds, self.syncer.trees.nbytes)
-    self.ledger = Ledger(num_slices=run.num_slices)
-    self.log: RunLog | None = None  # made when training starts (its logger resumes from a checkpoint)
-    log = lambda: self.log
-    # The collaborators, each owning its state; a later one reached from an earlier one only through a callback.
-    self.merges = MergeSchedule(run, self.clock, self.learners, self.syncer, members=lambda: self.membership.members(),
-                                host_sharding=self.host_sharding)
-    self.slices = SliceLifecycle(
-        run, devices, injector, self.clock, self.learners, self.syncer, self.ledger, log,
-        write_off=lambda tokens: self.rounds.write_off(tokens), pull_theta=lambda l: self.rounds.pull_theta(l),
-        maybe_merge=self.merges.maybe_merge, policy=SeveralSlices if run.slices_per_learner > 1 else OneSlice)
-    self.rounds = Rounds(run, self.clock, self.learners, self.syncer, self.links, self.ledger, log, self.slices,
-                         self.merges)
-    self.membership = Membership(run, self.clock, self.learners, self.ledger, self.slices, data_service, log,
-                                 tokens_dispatched=lambda: self.rounds.tokens_dispatched,
-                                 write_off=self.rounds.write_off, maybe_merge=self.merges.maybe_merge)
+    # The owners of the run's state, each built after those it uses (docs/architecture.md).
+    self.log = RunLog(run, exp, name, self.host_mesh, self.links, background_evals=run.clock.kind == "real")
+    post = ThetaPost(self.clock, self.links)
+    self.budget = Budget(run, self.clock, self.learners, self.syncer, post, Ledger(num_slices=run.num_slices),
+                         self.log)
+    self.slices = SliceLifecycle(run, devices, injector, self.clock, self.learners, self.syncer, self.budget, post,
+                                 self.log, policy=SeveralSlices if run.slices_per_learner > 1 else OneSlice)
+    self.merges = MergeSchedule(run, self.clock, self.learners, self.syncer, self.links, self.budget, self.log,
+                                self.slices, self.host_sharding)
+    self.rounds = Rounds(run, self.clock, self.learners, self.syncer, self.links, self.budget, post, self.log,
+                         self.slices, self.merges)
+    self.membership = Membership(run, self.clock, self.learners, self.budget, self.slices, data_service, self.log)
     treedefs = dict(params=jax.tree.structure(theta), outer=jax.tree.structure(self.syncer.opt_state),
                     **{f"params/{p}": jax.tree.structure(self.syncer.trees.part(theta, p))
                        for p in range(run.fragments) if run.fragments > 1},
                     train=jax.tree.structure(jax.eval_shape(lambda p: init_state(p, tx), theta)))
-    self.durability = Durability(run, workdir, name, treedefs, self.host_sharding, devices, self.clock, self.syncer,
-                                 self.learners, self.merges, self.rounds, self.slices, self.links, self.ledger,
-                                 self.membership, log)
+    parts = [("syncer", self.syncer), ("learners", Learners(self.learners, devices, self.syncer)),
+             ("slices", self.slices), ("links", self.links), ("budget", self.budget),
+             ("membership", self.membership), ("clock", self.clock), ("merges", self.merges), ("log", self.log)]
+    self.durability = Durability(run, workdir, name, treedefs, self.host_sharding, self.clock, parts)
     self.trail = saved.Trail(run, pathlib.Path(workdir) / name if workdir else None, name)
     self.profile = RoundsProfile(run.profile_rounds, pathlib.Path(workdir) / name / "profile" if workdir else None)
     self.event_time = 0.0  # when the event being handled happened
@@ -104,7 +98,7 @@ class Controller:
         EventKind.REPORT_ARRIVED: self.rounds.on_report_arrived,
         EventKind.REPORT_TIMEOUT: self.rounds.on_report_timeout,
         EventKind.THETA_PULLED: self.rounds.on_theta_pulled, EventKind.RECONFIGURED: self.rounds.on_reconfigured,
-        EventKind.MERGE_DUE: self.merges.on_merge_due, EventKind.MERGE_DONE: self._on_merge_done,
+        EventKind.MERGE_DUE: self.merges.on_merge_due, EventKind.MERGE_DONE: self.merges.on_merge_done,
         EventKind.SLICE_CRASH: self.slices.on_slice_crash, EventKind.LEARNER_CRASH: self.slices.on_learner_crash,
         EventKind.SLICE_REPAIRED: self.slices.on_slice_repaired, EventKind.REJOIN: self.slices.on_rejoin,
         EventKind.STRAGGLER: self._on_straggler, EventKind.CORRUPT: self._on_corrupt, EventKind.LINK: self._on_link,
@@ -130,14 +124,11 @@ class Controller:
     self.clock.close()
 
   def _train(self) -> RunResult:
-    saved_log = self.durability.restore()
+    saved_log = self.durability.restore()  # (every part's state, the run log's tallies among them)
     resume = dict(resume_after=saved_log["tokens_merged"], keep_records=saved_log["records"]) if saved_log else {}
     with make_logger(self.run, self.workdir, self.name, **resume) as logger:
-      self.log = RunLog(self.run, self.exp, logger, self.name, self.host_mesh, self.links,
-                        background_evals=self.run.clock.kind == "real")
-      if saved_log is not None:
-        self.log.restore(saved_log)
-      else:
+      self.log.open(logger)
+      if saved_log is None:
         for s in range(self.run.num_slices + self.run.lent_slices):
           self.slices.schedule_slice_crash(s)
         for at, kind, m, payload in timed_events(self.run.faults.schedule):
@@ -150,11 +141,11 @@ class Controller:
         self.log.close()  # background evaluations finish and are recorded, also when the run failed
       now = self.clock.now()
       for learner in self.learners:
-        learner.set_status(DONE, now)
+        learner.finish(now)
       self.slices.settle()
       self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp(), force=True)
       self.durability.finish()
-      result = self.log.result(self.learners, self.ledger, now, self.clock.virtual_seconds(), self.syncer.params)
+      result = self.log.result(self.learners, self.budget.ledger, now, self.clock.virtual_seconds(), self.syncer.params)
       result.extras.update(self.durability.figures())
       result.extras.update(self.membership.figures(now))
       result.details.update(self.membership.data_accounting())
@@ -189,7 +180,8 @@ class Controller:
       for learner in starting:
         self.rounds.start_round(learner)
     while self._work_scheduled() or self.syncer.pending:
-      if preemption.requested():
+      # A stop waits for a merge under way to finish and be handled: no checkpoint holds half a merge.
+      if preemption.requested() and self.merges.state != RUNNING:
         self._stop(preemption.requested())
       if not self._work_scheduled():
         self.merges.schedule(0.0)  # the budget is spent: merge what is left, quorum or not
@@ -197,6 +189,9 @@ class Controller:
       kind = EventKind(event.kind)
       with annotate(f"controller/{kind.value}"):
         self._handlers[kind](event)
+        self.merges.maybe_merge()  # whatever the event changed, a quorum ready now is scheduled here, once
+        if kind == EventKind.MERGE_DONE:
+          self._merge_handled()
       self.profile.observe(self.learners)
 
   def _stop(self, signum: int) -> None:
@@ -210,8 +205,8 @@ class Controller:
 
     A waiting learner always has something coming (Θ, or its report's timeout); a down one its repair.
     """
-    work_left = self.rounds.work_left()  # else a repaired learner has nothing to do
-    return (self.merges.state != IDLE or self.rounds.reports_in_transit > 0
+    work_left = self.budget.work_left()  # else a repaired learner has nothing to do
+    return (self.merges.state != IDLE or self.budget.reports_in_transit > 0
             or any(l.status in (TRAINING, WAITING, RECONFIGURING) or (l.status == DOWN and work_left)
                    for l in self.learners))
 
@@ -220,41 +215,8 @@ class Controller:
   def _on_part_done(self, event: Event) -> None:
     self.rounds.on_part_done(event, self.event_time)  # its busy time ends when its program finished
 
-  def _on_merge_done(self, event: Event) -> None:
-    made, reports, started = self.merges.finished(event)
-    result, now = made.result, self.clock.now()
-    self.syncer.commit(result, [v for l in self.learners for v in l.live_versions()])
-    if self.syncer.divergence():
-      raise TrainingDiverged(self.syncer.divergence())
-    quarantined = dict(result.quarantined)
-    answers = [self.syncer.answer(r, "quarantined" if r.learner in quarantined else "merged") for r in reports]
-    answers = [dataclasses.replace(a, placed=made.placed[r.learner])  # Θ already on its slices
-               if r.learner in made.placed and a.params is result.params else a for r, a in zip(reports, answers)]
-    transfers = [self.links.send_down(r.learner, now, a.payload, a.fragment) for r, a in zip(reports, answers)]
-    self.syncer.observe_sync(2 * max(transfers) + now - started)  # report up, merge, Θ down
-    for report, transfer, answer in zip(reports, transfers, answers):
-      merged = report.learner not in quarantined
-      self.learners[report.learner].report_settled(report, merged)
-      if not merged and self.learners[report.learner].status == ABSENT:  # it left: its data is served to others
-        self.learners[report.learner].give_back_unreported()
-      if merged:
-        self.log.merged(report)
-        self.ledger.useful(report.busy_seconds)
-      else:
-        self.log.fault("quarantine", report.learner, now, quarantined[report.learner])
-        self.rounds.write_off(report.tokens)
-        self.ledger.lost(report.busy_seconds)
-      self.clock.after(transfer, Event(EventKind.PARAMS_ARRIVED, report.learner, answer))
-    self.slices.settled()
-    stamp = self.clock.wall_stamp()  # (wall times and host stage times: real clock only, never in modeled records)
-    if stamp:
-      stamp.update({f"host_{stage}": s for stage, s in made.stages.items()},
-                   host_adopt_s=self.rounds.take_adopt_seconds())
-    self.log.merge(result, reports, now, stamp, self.learners,
-                   self.merges.grace_seconds(result.fragment), self.syncer.quorum(self.merges.able(result.fragment)),
-                   self.ledger.goodput(now), made.lrs)
-    self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp())
-    self.merges.maybe_merge()
+  def _merge_handled(self) -> None:
+    """After a merge (and the next one scheduled, if its quorum is ready): a checkpoint if one is due, and the model."""
     self.durability.merged()
     self.trail.merged(self.durability.merges_done, self.syncer.params, self.log.tokens_merged, self.log.eval_loss)
 

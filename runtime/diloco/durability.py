@@ -1,17 +1,17 @@
 """The run's checkpoints: when one is due, saving everything that decides the rest of the run, restoring it.
 
-`Durability` asks each part for its state (`snapshot`) at a merge's end, in-flight programs and scheduled events
-included, and hands each part its saved state back (`restore`), so a killed run resumes where its newest checkpoint
-stood and, under the virtual clock, goes on exactly as the run that was never killed. Checkpoints are numbered by
-the merges handled, which it counts.
+`Durability` is given (key, part) pairs by the controller, one per owner of state. At a merge's end it asks each
+part for its state (`snapshot(packer)`: JSON, its arrays packed; in-flight programs and scheduled events included)
+and saves it under the part's key; on resume it hands each part its own back (`restore(saved, unpacker)`), in the
+order given, so a killed run resumes where its newest checkpoint stood and, under the virtual clock, goes on exactly as
+the run that was never killed. Checkpoints are numbered by the merges handled, which it counts.
 """
 
-import functools
 import json
 import os
 import pathlib
 import time
-from typing import Callable, Sequence
+from typing import Any, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -20,31 +20,27 @@ from absl import logging
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.checkpoint.store import Checkpoints
 from runtime.config.run import RunConfig
-from runtime.diloco import clock as clock_lib
 from runtime.diloco.sync import messages
-from runtime.diloco.learner.learner import Learner
-from runtime.diloco.ledger import Ledger
-from runtime.diloco.membership import Membership
-from runtime.diloco.merge_schedule import MergeSchedule
-from runtime.diloco.rounds import Rounds
-from runtime.diloco.run_log import RunLog
-from runtime.diloco.slices.lifecycle import SliceLifecycle
-from runtime.diloco.sync.syncer import Syncer
-from runtime.network.links import Links
 from runtime.periodic import SinceLast
+
+LAYOUT = 2  # 2: each part under its owner's key; 1 (no "layout" field): the keys of checkpoints before it
+
+
+class Part(Protocol):
+  """An owner of state that a checkpoint saves."""
+
+  def snapshot(self, packer: snapshot_lib.Packer) -> Any: ...
+
+  def restore(self, saved: Any, unpacker: snapshot_lib.Unpacker) -> None: ...
 
 
 class Durability:
   """Checkpoints of every part's state: due by merges or by the run's clock, saved off the controller's thread."""
 
   def __init__(self, run: RunConfig, directory: str | os.PathLike | None, name: str, treedefs: dict,
-               host_sharding: jax.sharding.Sharding, devices: Sequence[list[jax.Device]], clock, syncer: Syncer,
-               learners: Sequence[Learner], merges: MergeSchedule, rounds: Rounds, slices: SliceLifecycle,
-               links: Links, ledger: Ledger, membership: Membership, log: Callable[[], RunLog]):
+               host_sharding: jax.sharding.Sharding, clock, parts: Sequence[tuple[str, Part]]):
     self._run, self._name, self._treedefs, self._host_sharding = run, name, treedefs, host_sharding
-    self._devices = devices
-    self._clock, self._syncer, self._learners, self._merges, self._rounds = clock, syncer, learners, merges, rounds
-    self._slices, self._links, self._ledger, self._membership, self._log = slices, links, ledger, membership, log
+    self._clock, self._parts = clock, tuple(parts)  # (the clock, also a part, says when a save is due)
     self.checkpoints = None
     if directory is not None and (run.checkpoint_every or run.checkpoint_seconds):
       self.checkpoints = Checkpoints(pathlib.Path(directory) / name / "checkpoints", run.checkpoint_keep)
@@ -98,11 +94,8 @@ class Durability:
     """
     start = time.perf_counter()
     packer = snapshot_lib.Packer(self._run.faults.schedule, self._treedefs, messages.CODECS)
-    meta = dict(
-        merges_done=self.merges_done, finished=self.finished, **self._merges.snapshot(), **self._rounds.snapshot(),
-        syncer=self._syncer.snapshot(packer), learners=[l.snapshot(packer) for l in self._learners],
-        **self._slices.snapshot(), links=self._links.snapshot(), ledger=self._ledger.snapshot(),
-        clock=self._clock.snapshot(functools.partial(clock_lib.pack_event, packer)), log=self._log().snapshot(), membership=self._membership.snapshot())
+    meta = dict(layout=LAYOUT, merges_done=self.merges_done, finished=self.finished,
+                **{key: part.snapshot(packer) for key, part in self._parts})
     meta = json.loads(json.dumps(meta))  # a copy, made now: the run goes on changing the lists it was built from
     groups = packer.groups
 
@@ -139,24 +132,25 @@ class Durability:
     if restored is None:
       return None
     step, arrays, meta = restored
+    meta = meta if meta.get("layout") == LAYOUT else first_layout(meta)
     unpacker = snapshot_lib.Unpacker(arrays, meta["failed"], self._run.faults.schedule, self._treedefs,
                                      self._host_sharding, messages.CODECS)
-    self._syncer.restore(meta["syncer"], unpacker)
-    for learner, saved in zip(self._learners, meta["learners"]):
-      slices = tuple(saved["slices"])
-      if slices and slices != learner.slices:
-        learner.move_to(slices, [self._devices[s] for s in slices])
-      learner.restore(saved, unpacker, self._syncer.params)
-    self._slices.restore(meta)
-    self._links.restore(meta["links"])
-    self._ledger.restore(meta["ledger"])
-    self._membership.restore(meta["membership"])
-    self._clock.restore(meta["clock"], functools.partial(clock_lib.unpack_event, unpacker))
-    self._merges.restore(meta)
-    self._rounds.restore(meta)
+    for key, part in self._parts:
+      part.restore(meta[key], unpacker)
     self.merges_done, self.finished = meta["merges_done"], meta["finished"]
     self._saved_at = self.merges_done
     self._schedule.done(self.merges_done, self._clock.now())
     logging.info("%s: resumed from %s (merge %d, %d tokens merged)", self._name,
                  self.checkpoints.directory / str(step), self.merges_done, meta["log"]["tokens_merged"])
     return meta["log"]
+
+
+def first_layout(meta: dict) -> dict:
+  """A checkpoint of the first layout (written before each owner had its key) in today's: the same state, moved."""
+  membership = meta["membership"]
+  return dict(
+      meta, merges=dict(merge_state=meta["merge_state"]),
+      budget=dict(tokens_dispatched=meta["tokens_dispatched"], reports_in_transit=meta["reports_in_transit"],
+                  ledger=meta["ledger"]),
+      slices=dict(pool=meta["pool"], crashes=meta["crashes"], lent=membership["lent"]),
+      membership=dict(drawn=membership["drawn"], service=membership["service"]))

@@ -8,7 +8,7 @@ service; a report it sent before still merges. The syncer's quorum, grace window
 learners present. Which learner each lent slice runs is the slice lifecycle's (runtime/diloco/slices/lifecycle.py).
 """
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -18,9 +18,10 @@ from runtime.cluster import learner_slices
 from runtime.config import capacity as capacity_lib
 from runtime.config.run import RunConfig
 from runtime.data.service import DataService, LeasedStream
+from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner.learner import ABSENT, Learner
-from runtime.diloco.ledger import Ledger
+from runtime.diloco.learner.learner import Learner
+from runtime.diloco.learner.lifecycle import ABSENT
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.slices.lifecycle import SliceLifecycle
 from runtime.faults import injection
@@ -44,21 +45,18 @@ def make_learners(run: RunConfig, exp: Experiment, devices: Sequence[list[jax.De
     stream = (exp.shard(m, run.learners, batch) if data_service is None
               else LeasedStream(data_service, batch_size=batch, learner=m))
     home = learner_slices.home(m, run.slices_per_learner) if owned else -1
-    learners.append(Learner(m, home, [devices[s] for s in home] if owned else [], run, stream, injector))
-    if not owned:
-      learners[-1].set_status(ABSENT, 0.0)
+    learners.append(Learner(m, home, [devices[s] for s in home] if owned else [], run, stream, injector,
+                            absent=not owned))
   return learners
 
 
 class Membership:
   """Lends and reclaims of slices (scheduled, or drawn from random traces), and the learners they bring and take."""
 
-  def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], ledger: Ledger, slices: SliceLifecycle,
-               data_service: DataService | None, log: Callable[[], RunLog], tokens_dispatched: Callable[[], int],
-               write_off: Callable[[int], None], maybe_merge: Callable[[], None]):
-    self._run, self._clock, self._learners, self._ledger, self._slices = run, clock, learners, ledger, slices
-    self._data_service, self._log, self._tokens_dispatched = data_service, log, tokens_dispatched
-    self._write_off, self._maybe_merge = write_off, maybe_merge
+  def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], budget: Budget, slices: SliceLifecycle,
+               data_service: DataService | None, log: RunLog):
+    self._run, self._clock, self._learners, self._budget, self._slices = run, clock, learners, budget, slices
+    self._data_service, self._log = data_service, log
     self._traces = [capacity_lib.trace(item, run.seed, i) if item.kind == "random" else None
                     for i, item in enumerate(run.capacity.schedule)]
     self._drawn = [0] * len(self._traces)  # (gap, duration) pairs drawn from each random item
@@ -83,19 +81,18 @@ class Membership:
 
   def on_lend(self, event: Event) -> None:
     i, count, duration = event.payload
-    now, first = self._clock.now(), self._run.num_slices
-    free = [s for s in range(first, first + self._run.lent_slices) if s not in self._slices.lent][:count]
+    now, free = self._clock.now(), self._slices.lendable()[:count]
     for s in list(free):
       learner = next((l for l in self._learners if l.status == ABSENT and not l.reports_out), None)
       if learner is None:  # every absent learner still waits for a report's verdict: the slice stays unused
         free.remove(s)
         continue
-      self._ledger.lend(s, now)
+      self._budget.ledger.lend(s, now)
       if not self._slices.lend(s, learner):  # it failed while it was not ours: its learner waits for the repair
         continue
       # The inner schedule stands where the run is: global batches' worth of tokens trained so far.
-      learner.join_schedule(self._tokens_dispatched() // self._run.tokens_per_step)
-      self._log().fault("join", learner.index, now, f"on lent slice {s} for {duration:g} s")
+      learner.join_schedule(self._budget.schedule_step())
+      self._log.fault("join", learner.index, now, f"on lent slice {s} for {duration:g} s")
       self._slices.join(learner, s)
     self._clock.after(duration, Event(EventKind.RECLAIM, payload=(i, tuple(free))))
     logging.info("t=%.1f: %d slices lent (%s), %d learners present", now, len(free), free, self.members())
@@ -105,24 +102,22 @@ class Membership:
     now = self._clock.now()
     for s in slices:
       learner = self._learners[self._slices.reclaim(s)]
-      self._ledger.reclaim(s, now)
+      self._budget.ledger.reclaim(s, now)
       failure = learner.leave(now)
-      self._write_off(failure.unmerged_tokens)
-      self._ledger.lost(failure.lost_seconds)
+      self._budget.lose(failure.unmerged_tokens, failure.lost_seconds,
+                        ("leave", learner.index, f"lent slice {s} reclaimed" + failure.detail))
       self._slices.forget_work(learner.index)
-      self._log().fault("leave", learner.index, now, f"lent slice {s} reclaimed" + failure.detail)
     if self._run.capacity.schedule[i].kind == "random":
       self._schedule_random_lend(i)
-    self._maybe_merge()  # fewer learners able to report lower the effective quorum
 
   # Checkpoints and accounting ----------------------------------------------------------------------
 
-  def snapshot(self) -> dict:
-    return dict(lent=self._slices.lent_snapshot(), drawn=self._drawn,
-                service=None if self._data_service is None else self._data_service.snapshot())
+  def snapshot(self, packer) -> dict:
+    del packer  # (plain data)
+    return dict(drawn=self._drawn, service=None if self._data_service is None else self._data_service.snapshot())
 
-  def restore(self, saved: dict) -> None:
-    self._slices.lent_restore(saved["lent"])
+  def restore(self, saved: dict, unpacker) -> None:
+    del unpacker
     for trace, drawn in zip(self._traces, saved["drawn"]):
       for _ in range(drawn if trace is not None else 0):
         next(trace)
@@ -134,15 +129,15 @@ class Membership:
     """Summary columns of a run with lent capacity: slice-seconds lent, learners that joined and left."""
     if not self._run.capacity.schedule:
       return {}
-    kinds = [f["fault"] for f in self._log().faults]
-    return dict(lent_slice_s=self._ledger.lent_slice_seconds(now), joins=kinds.count("join"),
+    kinds = [f["fault"] for f in self._log.faults]
+    return dict(lent_slice_s=self._budget.ledger.lent_slice_seconds(now), joins=kinds.count("join"),
                 leaves=kinds.count("leave"))
 
   def data_accounting(self) -> dict:
     """Where the service's serials went: merged into Θ (in merge order), leased to learners, or given back."""
     if self._data_service is None:
       return {}
-    merged = [self._learners[m].leased.serials(a, b) for m, a, b in self._log().merged_ranges]
+    merged = [self._learners[m].served(a, b) for m, a, b in self._log.merged_ranges]
     return dict(merged_serials=np.concatenate(merged).tolist() if merged else [],
-                leased_serials=[s for l in self._learners for s in l.leased.snapshot()],
+                leased_serials=[s for l in self._learners for s in l.leases()],
                 returned_serials=self._data_service.returned, frontier=self._data_service.frontier)

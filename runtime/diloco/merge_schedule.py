@@ -1,8 +1,10 @@
-"""When merges run: one at a time, in the merge worker's thread, once a fragment's quorum and grace window allow.
+"""When merges run, and what follows each: one at a time, in the merge worker's thread, once a fragment's quorum and
+grace window allow; then Θ committed, every report answered and Θ sent down.
 
-The syncer decides whether a fragment's reports make a quorum and how long its grace window is; this object only
-schedules and starts the merges. With P > 1 fragments, a fragment whose quorum is reached while another fragment's
-merge is scheduled or running waits for that merge to finish (its reports keep waiting in the syncer).
+The syncer decides whether a fragment's reports make a quorum and how long its grace window is; this object
+schedules, starts and finishes the merges (the event loop checks for a ready quorum after every event). With P > 1
+fragments, a fragment whose quorum is reached while another fragment's merge is scheduled or running waits for that
+merge to finish (its reports keep waiting in the syncer).
 
 The worker, not the controller, waits for the host: it copies each report's tensors from its learner's slice to the
 host (the learner enqueued that copy's source behind its part and went on), merges, and lays the new Θ out on each
@@ -12,16 +14,22 @@ merged learner's slices, so that adopting it is one program the controller enque
 import concurrent.futures
 import dataclasses
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 
 from runtime.config.run import RunConfig
+from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner.learner import ABSENT, DONE, DOWN, FAILED, Learner
-from runtime.diloco.sync.messages import Report
+from runtime.diloco.learner.learner import Learner
+from runtime.diloco.learner.lifecycle import ABSENT, OUT
 from runtime.diloco.profiling import annotate
+from runtime.diloco.run_log import RunLog
+from runtime.diloco.slices.lifecycle import SliceLifecycle
+from runtime.diloco.sync.messages import Report
 from runtime.diloco.sync.syncer import MergeResult, Syncer
+from runtime.errors import TrainingDiverged
+from runtime.network.links import Links
 from runtime.train import tree_transfer
 from runtime.train.optim import inner_lr
 
@@ -31,10 +39,10 @@ IDLE, SCHEDULED, RUNNING = "idle", "scheduled", "running"
 class MergeSchedule:
   """The merge state (idle, scheduled, running) and the worker thread merges run in."""
 
-  def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], syncer: Syncer, members: Callable[[], int],
-               host_sharding: jax.sharding.Sharding):
-    self._run, self._clock, self._learners, self._syncer, self._members = run, clock, learners, syncer, members
-    self._host = host_sharding
+  def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], syncer: Syncer, links: Links, budget: Budget,
+               log: RunLog, slices: SliceLifecycle, host_sharding: jax.sharding.Sharding):
+    self._run, self._clock, self._learners, self._syncer, self._links = run, clock, learners, syncer, links
+    self._budget, self._log, self._slices, self._host = budget, log, slices, host_sharding
     self._lr = inner_lr(run.inner, run.total_steps)  # evaluated here: on the host CPU it queues behind the merge
     self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="syncer")
     self._worker.submit(syncer.compile_merges)  # every merge size, before the first merge needs one
@@ -42,8 +50,7 @@ class MergeSchedule:
 
   def able(self, fragment: int | None = None) -> int:
     """Learners that can still report (a `fragment`: whose outstanding or next report is that fragment's)."""
-    return sum(l.status not in (DOWN, DONE, FAILED, ABSENT) and (fragment is None or l.owed_fragment() == fragment)
-               for l in self._learners)
+    return sum(l.status not in OUT and (fragment is None or l.owed_fragment() == fragment) for l in self._learners)
 
   def grace_seconds(self, fragment: int = 0) -> float:
     """The grace window of the fragment's merge: cut by when its waiting reports' learners will need Θ."""
@@ -53,9 +60,8 @@ class MergeSchedule:
     return self._syncer.grace_seconds(now, needs_theta_at)
 
   def receive(self, report: Report) -> None:
-    """A report reached the syncer: it waits there for its fragment's merge."""
+    """A report reached the syncer: it waits there for its fragment's merge (the loop's merge check follows)."""
     self._syncer.receive(report)
-    self.maybe_merge()
 
   def maybe_merge(self) -> None:
     """Schedules the merge of a fragment whose quorum is ready, unless a merge is scheduled or running."""
@@ -77,7 +83,8 @@ class MergeSchedule:
       return
     reports = self._syncer.take_pending(event.payload)
     self.state = RUNNING
-    future = self._worker.submit(self._merge, reports, self._members())
+    members = sum(l.status != ABSENT for l in self._learners)  # (learners present: the outer step's scale)
+    future = self._worker.submit(self._merge, reports, members)
     self._clock.on_done(future, self._run.clock.merge_seconds,
                         Event(EventKind.MERGE_DONE, payload=(future, reports, self._clock.now())))
 
@@ -114,21 +121,51 @@ class MergeSchedule:
     except jax.errors.JaxRuntimeError:
       return {}
 
-  def finished(self, event: Event) -> tuple["Merged", list[Report], float]:
-    """The merge of a MERGE_DONE event: what the worker made, its reports and when it started; the next may be
-    scheduled."""
+  def on_merge_done(self, event: Event) -> None:
+    """The worker's merge is done: Θ committed, each report answered (merged, or quarantined and its work lost) and
+    Θ sent down to its learner, learners waiting for those verdicts rejoined, and the merge recorded."""
     future, reports, started = event.payload
-    merged = future.result()
+    made = future.result()
     self.state = IDLE
-    return merged, reports, started
+    result, now = made.result, self._clock.now()
+    self._syncer.commit(result, [v for l in self._learners for v in l.live_versions()])
+    if self._syncer.divergence():
+      raise TrainingDiverged(self._syncer.divergence())
+    quarantined = dict(result.quarantined)
+    answers = [self._syncer.answer(r, "quarantined" if r.learner in quarantined else "merged") for r in reports]
+    answers = [dataclasses.replace(a, placed=made.placed[r.learner])  # Θ already on its slices
+               if r.learner in made.placed and a.params is result.params else a for r, a in zip(reports, answers)]
+    transfers = [self._links.send_down(r.learner, now, a.payload, a.fragment) for r, a in zip(reports, answers)]
+    self._syncer.observe_sync(2 * max(transfers) + now - started)  # report up, merge, Θ down
+    for report, transfer, answer in zip(reports, transfers, answers):
+      learner, merged = self._learners[report.learner], report.learner not in quarantined
+      learner.report_settled(report, merged)
+      if not merged and learner.status == ABSENT:  # it left: its data is served to others
+        learner.give_back_unreported()
+      if merged:
+        self._log.merged(report)
+        self._budget.ledger.useful(report.busy_seconds)
+      else:
+        self._budget.lose(report.tokens, report.busy_seconds,
+                          ("quarantine", report.learner, quarantined[report.learner]))
+      self._clock.after(transfer, Event(EventKind.PARAMS_ARRIVED, report.learner, answer))
+    self._slices.settled()
+    stamp = self._clock.wall_stamp()  # (wall times and host stage times: real clock only, never in modeled records)
+    if stamp:
+      stamp.update({f"host_{stage}": s for stage, s in made.stages.items()}, host_adopt_s=self._log.take_adopt_seconds())
+    self._log.merge(result, reports, now, stamp, self._learners, self.grace_seconds(result.fragment),
+                    self._syncer.quorum(self.able(result.fragment)), self._budget.ledger.goodput(now), made.lrs)
+    self._log.evaluate(self._syncer.params, self._syncer.version, self._clock.now(), self._clock.wall_stamp())
 
   def close(self) -> None:
     self._worker.shutdown()
 
-  def snapshot(self) -> dict:
+  def snapshot(self, packer) -> dict:
+    del packer  # (plain data)
     return dict(merge_state=self.state)
 
-  def restore(self, saved: dict) -> None:
+  def restore(self, saved: dict, unpacker) -> None:
+    del unpacker
     self.state = saved["merge_state"]
 
 

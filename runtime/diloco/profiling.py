@@ -15,7 +15,7 @@ from typing import Sequence
 
 import jax
 
-from runtime.diloco.learner.book import ABSENT, DONE, DOWN, FAILED
+from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, FAILED
 
 annotate = jax.profiler.TraceAnnotation  # a named span in the trace (near free while no trace is taken)
 

@@ -1,29 +1,27 @@
-"""The learners' rounds within the token budget: dispatching their parts, their reports up, Θ down, and write-offs.
+"""The learners' rounds within the token budget: dispatching their parts, their reports up, and Θ down to them.
 
-`Rounds` owns the budget's side of the run: the tokens dispatched so far (tokens written off go back into it) and
-the reports on their way to the syncer. Each learner's round is a main part of H − τ steps that ends in a report
-and an overlap part of τ steps that trains while the report syncs; the learner adopts the Θ that answers it and
-starts its next round.
-
-With two parts in flight (`queue_depth`), a learner's next part is enqueued while the current one runs,
-whenever what comes next is known: the overlap part behind the main part (the report's tensors taken on the slice
-between them), another overlap part behind an overlap part (outer.keep_training), or the adoption of Θ that has
-arrived and the next round's main part. So its device never waits for the controller to handle a completion.
+Each learner's round is a main part of H − τ steps that ends in a report and an overlap part of τ steps that trains
+while the report syncs; the learner adopts the Θ that answers it and starts its next round. With two parts in flight
+(`queue_depth`), a learner's next part is enqueued while the current one runs whenever the learner knows what comes
+next (`Learner.after_queued`), so its device never waits for the controller to handle a completion.
 """
 
 import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 from runtime.config.run import RunConfig
+from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner.learner import DONE, RECONFIGURING, TRAINING, WAITING, Learner
-from runtime.diloco.ledger import Ledger
+from runtime.diloco.learner.learner import ADOPT, AFTER_REPORT, Learner
+from runtime.diloco.learner.lifecycle import RECONFIGURING, TRAINING, WAITING
+from runtime.diloco.learner.parts import RoundPart
 from runtime.diloco.merge_schedule import MergeSchedule
-from runtime.diloco.sync.messages import Delivery, RoundPart
 from runtime.diloco.profiling import annotate
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.slices.lifecycle import SliceLifecycle
+from runtime.diloco.sync.messages import Delivery
 from runtime.diloco.sync.syncer import Syncer
+from runtime.diloco.theta_post import ThetaPost
 from runtime.network.links import Links
 from runtime.wire.payload import CorruptPayload
 
@@ -39,27 +37,20 @@ def queue_depth(run: RunConfig) -> int:
 
 
 class Rounds:
-  """Dispatches the learners' parts, sends their reports and Θ, and keeps the budget."""
+  """Dispatches the learners' parts within the budget, sends their reports up, and hands them the Θ that arrives."""
 
   def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], syncer: Syncer, links: Links,
-               ledger: Ledger, log: Callable[[], RunLog], slices: SliceLifecycle, merges: MergeSchedule):
+               budget: Budget, post: ThetaPost, log: RunLog, slices: SliceLifecycle, merges: MergeSchedule):
     self._run, self._clock, self._learners, self._syncer, self._links = run, clock, learners, syncer, links
-    self._ledger, self._log = ledger, log
+    self._budget, self._post, self._log = budget, post, log
     self._slices, self._merges = slices, merges
-    self.tokens_dispatched = 0
-    self.reports_in_transit = 0
     self._depth = queue_depth(run)
-    self._adopt_seconds: list[float] = []  # host time of each adoption since the last merge record
-
-  def work_left(self) -> bool:
-    """True while the token budget is not all dispatched."""
-    return self.tokens_dispatched < self._run.token_budget
 
   # Dispatch ----------------------------------------------------------------------------------------
 
   def start_round(self, learner: Learner) -> None:
     """Dispatches the main part: H − τ steps, or the whole steps left of the budget if fewer."""
-    steps = min(self._run.round_steps - self._run.overlap_steps, self._steps_left(learner))
+    steps = min(self._run.round_steps - self._run.overlap_steps, self._budget.steps_left(learner))
     if steps < 1 and learner.tokens:  # the budget is spent: report the overlap work carried onto Θ
       self._send_report(learner, self._clock.now())
       return
@@ -69,33 +60,32 @@ class Rounds:
   def top_up(self, learner: Learner) -> None:
     """Queues the learner's next parts behind those in flight, up to the queue depth, while what comes next is
     known (see the module's docstring)."""
-    while learner.parts and len(learner.parts) < self._depth and learner.status == TRAINING:
-      if learner.parts[-1].kind == "main":
+    while 0 < learner.parts_in_flight() < self._depth and learner.status == TRAINING:
+      after = learner.after_queued()
+      if after == AFTER_REPORT:
         if not self._run.overlap_steps:
           return  # it waits for Θ
         learner.capture_report()  # before the overlap part donates the main part's state
         if not self._dispatch(learner, "overlap", self._run.overlap_steps):
           return
-      elif learner.inbox is not None:
-        if min(self._run.round_steps - self._run.overlap_steps, self._steps_left(learner)) < 1:
+      elif after == ADOPT:
+        if min(self._run.round_steps - self._run.overlap_steps, self._budget.steps_left(learner)) < 1:
           return  # the budget's last report waits for the parts in flight
         self._adopt(learner)  # enqueued behind the running part, and the next round's main part with it
         return
       elif not (self._run.outer.keep_training and self._dispatch(learner, "overlap", self._run.overlap_steps)):
         return
 
-  def _steps_left(self, learner: Learner) -> int:
-    """Whole inner steps of this learner's batch that the token budget still holds."""
-    return (self._run.token_budget - self.tokens_dispatched) // learner.tokens_per_batch
-
   def _dispatch(self, learner: Learner, kind: str, steps: int) -> bool:
     """Dispatches a part of the learner's round within the token budget; False if none was dispatched."""
     tokens = steps * learner.tokens_per_batch
-    if steps > self._steps_left(learner):
-      if learner.parts:  # (it settles when they are done)
+    if steps > self._budget.steps_left(learner):
+      if learner.parts_in_flight():  # (it settles when they are done)
         return False
-      learner.set_status(DONE if kind == "main" else WAITING, self._clock.now())
-      self._merges.maybe_merge()  # a finished learner lowers the effective quorum
+      if kind == "main":  # (a finished learner lowers the effective quorum: the loop's merge check sees it)
+        learner.finish(self._clock.now())
+      else:
+        learner.wait(self._clock.now())
       return False
     if self._slices.regroup_due(learner, kind):  # a learner of several slices grows onto those given back first
       return True
@@ -103,14 +93,13 @@ class Rounds:
     modeled = sum(self._clock.step_seconds(learner.index) for _ in range(steps)) * self._slices.step_scale(learner)
     crash_at = self._slices.arm_crash(learner, steps, modeled)
     try:
-      at = (self.tokens_dispatched // self._run.tokens_per_step if self._run.inner.schedule_progress == "run"
-            else None)
+      at = self._budget.schedule_step() if self._run.inner.schedule_progress == "run" else None
       with annotate(f"learner{learner.index}/dispatch"):
         part = learner.dispatch(kind, steps, now, modeled, armed=crash_at is not None, schedule_at=at)
     except Exception as error:  # pylint: disable=broad-except
       self._slices.failed(learner, "at dispatch", error)
       return False
-    self.tokens_dispatched += tokens
+    self._budget.dispatched(tokens)
     self._clock.on_done((part.state, part.metrics), part.queued_seconds + modeled,
                         Event(EventKind.PART_DONE, learner.index))
     return True
@@ -128,15 +117,15 @@ class Rounds:
 
   def _continue(self, learner: Learner, part: RoundPart, now: float) -> None:
     """After a part: its report sent (a main part's), and the learner's next part dispatched, or it waits."""
-    self._syncer.observe_round((part.modeled_seconds or learner.device.last_seconds) / part.steps)
+    self._syncer.observe_round(learner.seconds_per_step(part))
     if part.kind == "main":
       self._send_report(learner, now)
-    if learner.parts:  # its next part runs already
+    if learner.parts_in_flight():  # its next part runs already
       self.top_up(learner)
       return
     if part.kind == "main":
       overlap = self._run.overlap_steps
-    elif learner.inbox is not None:
+    elif learner.has_theta():
       self._adopt(learner)
       return
     else:
@@ -144,20 +133,20 @@ class Rounds:
     if overlap and self._dispatch(learner, "overlap", overlap):
       self.top_up(learner)
     elif learner.status == TRAINING:
-      learner.set_status(WAITING, now)  # (a dispatch that failed left it down or failed, or done)
+      learner.wait(now)  # (a dispatch that failed left it down or failed, or done)
 
   def on_reconfigured(self, event: Event) -> None:
     """A learner of several slices moved onto the slices it holds: it resumes what it was about to do."""
     learner = self._learners[event.learner]
     self._slices.regroup(learner)
-    if learner.inbox is not None:  # Θ arrived meanwhile
+    if learner.has_theta():  # Θ arrived meanwhile
       self._adopt(learner)
     elif event.payload == "main":
       self.start_round(learner)
     elif event.payload == "overlap":
       self._dispatch(learner, "overlap", self._run.overlap_steps)
     else:
-      learner.set_status(WAITING, self._clock.now())
+      learner.wait(self._clock.now())
 
   # Reports up ---------------------------------------------------------------------------------------
 
@@ -165,22 +154,21 @@ class Rounds:
     report = learner.report(now)
     delay = self._links.send_up(learner.index, now, report.payload, report.fragment)
     if delay is None:  # as if never sent: the learner times out and trains it again
-      self._log().fault("link_drop", learner.index, now, f"report of {report.tokens} tokens lost")
-      self._ledger.lost(report.busy_seconds)
+      self._budget.lose(0, report.busy_seconds, ("link_drop", learner.index, f"report of {report.tokens} tokens lost"))
       self._clock.after(self._run.faults.report_timeout_seconds,
                         Event(EventKind.REPORT_TIMEOUT, learner.index, report))
       return
     learner.report_sent(report)
-    self.reports_in_transit += 1
+    self._budget.report_sent()
     self._clock.after(delay, Event(EventKind.REPORT_ARRIVED, learner.index, report))
 
   def on_report_arrived(self, event: Event) -> None:
-    self.reports_in_transit -= 1
+    self._budget.report_arrived()
     self._merges.receive(event.payload)
 
   def on_report_timeout(self, event: Event) -> None:
     """A learner whose report was lost pulls the current Θ (charged on its path) and trains that data again."""
-    self.send_theta(event.learner, self._syncer.answer(event.payload, "lost"))
+    self._post.send(event.learner, self._syncer.answer(event.payload, "lost"))
 
   # Θ down --------------------------------------------------------------------------------------------
 
@@ -188,7 +176,7 @@ class Rounds:
     learner = self._learners[event.learner]
     if learner.deliver(event.payload) and learner.status == WAITING:
       self._adopt(learner)
-    elif learner.inbox is not None:  # adopted behind its part in flight if a second may be queued
+    elif learner.has_theta():  # adopted behind its part in flight if a second may be queued
       self.top_up(learner)
 
   def _adopt(self, learner: Learner) -> None:
@@ -197,48 +185,24 @@ class Rounds:
     try:
       with annotate(f"learner{learner.index}/adopt"):
         written_off = learner.adopt(self._clock.now())
-      self.write_off(written_off)
+      self._budget.lose(written_off, 0.0)
     except CorruptPayload as error:  # nothing adopted: Θ goes again, whole
       self._resend_theta(learner, delivery, error)
       return
-    self._adopt_seconds.append(time.perf_counter() - started)
+    self._log.adopted(time.perf_counter() - started)
     self.start_round(learner)
-
-  def take_adopt_seconds(self) -> float:
-    """The mean host time of the adoptions since the last call (NaN if none), for the merge record."""
-    seconds, self._adopt_seconds = self._adopt_seconds, []
-    return sum(seconds) / len(seconds) if seconds else float("nan")
-
-  def write_off(self, tokens: int) -> None:
-    """Tokens trained on but lost before reaching Θ go back into the budget (their data is served again)."""
-    self.tokens_dispatched -= tokens
-    for learner in self._learners:
-      if tokens and learner.status == DONE:  # finished learners take the returned budget, from the current Θ
-        learner.set_status(WAITING, self._clock.now())
-        self.send_theta(learner.index, self._syncer.latest(learner.round))  # pulled whole
 
   def _resend_theta(self, learner: Learner, delivery: Delivery, error: Exception) -> None:
     """A compressed Θ the learner could not adopt (damaged, or not for the Θ it holds) is sent again whole."""
     now = self._clock.now()
-    self._log().fault("theta_resent", learner.index, now, str(error))
-    if not learner.parts:  # (else it trains on until Θ comes again)
-      learner.set_status(WAITING, now)
-    self.send_theta(learner.index, self._syncer.resend(delivery))  # charged the full model's bytes
-
-  def send_theta(self, learner: int, delivery: Delivery) -> None:
-    """Θ sent to one learner outside a merge: charged on its path, delivered when it arrives."""
-    delay = self._links.send_down(learner, self._clock.now(), delivery.payload, delivery.fragment)
-    self._clock.after(delay, Event(EventKind.PARAMS_ARRIVED, learner, delivery))
-
-  def pull_theta(self, learner: Learner) -> None:
-    """A learner (re)starting from Θ (rejoin, join) pulls it whole over its path: the bytes are charged, and its
-    first round starts when they have arrived."""
-    delay = self._links.send_down(learner.index, self._clock.now())
-    self._clock.after(delay, Event(EventKind.THETA_PULLED, learner.index, learner.round))
+    self._log.fault("theta_resent", learner.index, now, str(error))
+    if not learner.parts_in_flight():  # (else it trains on until Θ comes again)
+      learner.wait(now)
+    self._post.send(learner.index, self._syncer.resend(delivery))  # charged the full model's bytes
 
   def on_theta_pulled(self, event: Event) -> None:
     learner, m = self._learners[event.learner], event.learner
-    if learner.round != event.payload or learner.inflight is not None:
+    if learner.round != event.payload or learner.parts_in_flight():
       return  # (a learner that failed meanwhile, or moved on, ignores it)
     if learner.status == WAITING:
       self.start_round(learner)
@@ -246,8 +210,3 @@ class Rounds:
       self._clock.amend(lambda e: e.learner == m and e.kind == EventKind.RECONFIGURED,
                         lambda e: Event(e.kind, m, "main"))
 
-  def snapshot(self) -> dict:
-    return dict(tokens_dispatched=self.tokens_dispatched, reports_in_transit=self.reports_in_transit)
-
-  def restore(self, saved: dict) -> None:
-    self.tokens_dispatched, self.reports_in_transit = saved["tokens_dispatched"], saved["reports_in_transit"]

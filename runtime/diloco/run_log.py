@@ -8,7 +8,8 @@ import jax
 import numpy as np
 
 from runtime.config.run import RunConfig
-from runtime.diloco.learner.learner import ABSENT, DOWN, FAILED, TRAINING, Learner
+from runtime.diloco.learner.learner import Learner
+from runtime.diloco.learner.lifecycle import ABSENT, DOWN, FAILED, TRAINING
 from runtime.diloco.ledger import Ledger, uptime
 from runtime.network.links import Links
 from runtime.diloco.sync.messages import Report
@@ -27,14 +28,16 @@ INJECTED = ("crash", "shrink", "straggler", "corrupt", "link", "program_error")
 class RunLog:
   """Tallies of what reached Θ (tokens, bytes, data ranges) and the records the run writes."""
 
-  def __init__(self, run: RunConfig, exp: Experiment, logger: MetricsLogger, name: str, mesh: jax.sharding.Mesh,
-               links: Links, background_evals: bool = False):
-    self.run, self.exp, self.logger, self.name, self.mesh, self.links = run, exp, logger, name, mesh, links
+  def __init__(self, run: RunConfig, exp: Experiment, name: str, mesh: jax.sharding.Mesh, links: Links,
+               background_evals: bool = False):
+    self.run, self.exp, self.name, self.mesh, self.links = run, exp, name, mesh, links
+    self.logger: MetricsLogger | None = None  # the records' writer, open while the run trains (`open`)
     # Evaluations off the controller thread (real time), so that no dispatch waits behind one; in virtual
     # time they run inline, where they cost no modeled time and keep the records' order reproducible.
     self._evaluator = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eval") if background_evals else None
     self._evals: list[tuple[concurrent.futures.Future, dict]] = []  # submitted, not yet recorded
-    self.wall = Stopwatch()
+    self.wall = Stopwatch()  # (restarted when the run opens its records, from a resumed run's seconds)
+    self._wall_before = 0.0
     self.tokens_merged = 0
     self.merges: list[dict] = []
     self.merged_ranges: list[tuple[int, int, int]] = []  # (learner, first batch, end batch) that reached Θ
@@ -42,6 +45,22 @@ class RunLog:
     self.eval_loss = float("nan")
     self._evaluated_version = -1
     self._eval_marks = Marks(run.eval_every * run.tokens_per_step)
+    self._adopt_seconds: list[float] = []  # host time of each adoption since the last merge record
+
+  def open(self, logger: MetricsLogger) -> None:
+    """Records go to `logger` from now on (it keeps the records of a resumed run, which the tallies continue)."""
+    self.logger, self.wall = logger, Stopwatch(self._wall_before)
+    self.merges = [r for r in logger.records if r["kind"] == "merge"]
+    self.faults = [r for r in logger.records if r["kind"] == "fault"]
+
+  def adopted(self, seconds: float) -> None:
+    """A learner adopted Θ in `seconds` of host time."""
+    self._adopt_seconds.append(seconds)
+
+  def take_adopt_seconds(self) -> float:
+    """The mean host time of the adoptions since the last call (NaN if none), for the merge record."""
+    seconds, self._adopt_seconds = self._adopt_seconds, []
+    return sum(seconds) / len(seconds) if seconds else float("nan")
 
   def fault(self, kind: str, learner: int, now: float, detail: str) -> None:
     self.faults.append(self.logger.log("fault", dict(fault=kind, learner=learner, time=now, detail=detail)))
@@ -66,7 +85,7 @@ class RunLog:
         lr=list(lrs),
         num_merged=len(result.merged), quarantined=[m for m, _ in result.quarantined],
         staleness=list(result.staleness), weights=list(result.weights), update_norm=result.update_norm,
-        busy=[l.book.busy_fraction(now) for l in learners], bytes_up=self.links.bytes_up,
+        busy=[l.busy_fraction(now) for l in learners], bytes_up=self.links.bytes_up,
         bytes_down=self.links.bytes_down, grace=grace, quorum=quorum, goodput=goodput,
         alive=sum(l.status not in (DOWN, FAILED, ABSENT) for l in learners))
     if self.run.fragments > 1:  # (recorded runs, of one fragment, keep their records)
@@ -108,21 +127,21 @@ class RunLog:
     if self._evaluator is not None:
       self._evaluator.shutdown()
 
-  def snapshot(self) -> dict:
+  def snapshot(self, packer=None) -> dict:
     """The tallies and how many records were written (background evaluations are recorded first)."""
+    del packer  # (plain data)
     self.record_evals(wait=True)
     return dict(tokens_merged=self.tokens_merged, merged_ranges=self.merged_ranges, eval_loss=self.eval_loss,
                 evaluated_version=self._evaluated_version, next_eval=self._eval_marks.next, wall=self.wall(),
                 records=len(self.logger.records))
 
-  def restore(self, saved: dict) -> None:
-    """The tallies as saved; the merge and fault records are the logger's kept ones."""
+  def restore(self, saved: dict, unpacker=None) -> None:
+    """The tallies as saved (the merge and fault records are those the logger keeps: `open`)."""
+    del unpacker
     self.tokens_merged, self.eval_loss = saved["tokens_merged"], saved["eval_loss"]
     self.merged_ranges = [tuple(r) for r in saved["merged_ranges"]]
     self._evaluated_version, self._eval_marks.next = saved["evaluated_version"], saved["next_eval"]
-    self.wall = Stopwatch(saved["wall"])
-    self.merges = [r for r in self.logger.records if r["kind"] == "merge"]
-    self.faults = [r for r in self.logger.records if r["kind"] == "fault"]
+    self._wall_before = saved["wall"]
 
   def _record_eval(self, loss: float, record: dict) -> None:
     self.eval_loss = loss
@@ -133,7 +152,7 @@ class RunLog:
     """The run's summary row and the per-learner details behind it."""
     now = max(now, 1e-9)
     present = [l for l in learners if l.completions or any(i[3] != ABSENT for i in l.intervals)]  # lent: if ever
-    busy = [l.book.busy_fraction(now) for l in present]
+    busy = [l.busy_fraction(now) for l in present]
     idle = [x for x in (l.device_idle() for l in present) if not math.isnan(x)] or [math.nan]
     merged_counts = [m["num_merged"] for m in self.merges if m["num_merged"]]
     intervals = [i for l in learners for i in l.intervals]

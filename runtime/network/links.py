@@ -69,13 +69,15 @@ class Links:
     """The most bytes in flight at once for one learner, and in all."""
     return paths_lib.peak_in_flight(self.transfers)
 
-  def snapshot(self) -> dict:
+  def snapshot(self, packer=None) -> dict:
+    del packer  # (plain data: a checkpoint part's protocol, runtime/diloco/durability.py)
     return dict(bytes_up=self.bytes_up, bytes_down=self.bytes_down, reports_up=self.reports_up,
                 faults=[[m, until, mode] for m, (until, mode) in sorted(self._faults.items())],
                 cross=[self.cross_up, self.cross_down], queues=self.paths.snapshot(),
                 transfers=[list(t) for t in self.transfers])
 
-  def restore(self, saved: dict) -> None:
+  def restore(self, saved: dict, unpacker=None) -> None:
+    del unpacker
     self.bytes_up, self.bytes_down = saved["bytes_up"], saved["bytes_down"]
     self.reports_up = saved.get("reports_up", 0)  # checkpoints from before it was counted
     self._faults = {m: (until, mode) for m, until, mode in saved["faults"]}

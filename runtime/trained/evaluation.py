@@ -78,7 +78,7 @@ def _score_all(model: Loaded, stream, seq_len: int, batch_size: int, max_windows
                progress: bool) -> tuple[float, int, int]:
   """Summed loss, tokens and their bytes over every window of the stream (or the first `max_windows`)."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-  windows = shards.windows(stream, seq_len, batch_size)  # pylint: disable=protected-access
+  windows = shards.cut_windows(stream, seq_len, batch_size)
   count = len(windows) if not max_windows else min(max_windows, len(windows))
   if count == 0:
     raise DataError(f"the split has {len(stream)} tokens: fewer than one window of seq_len + 1 = {seq_len + 1}")

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from runtime.diloco import merge_schedule
 from runtime.diloco import rounds as rounds_lib
 from runtime.experiments import modes
 from runtime.train import preemption
@@ -65,6 +66,31 @@ def test_a_sigterm_mid_round_saves_at_once_and_the_resumed_run_ends_bit_identica
   assert saved == [re.match(r"interrupted at merge (\d+)", message).group(1)]
   result = modes.train(config, tmp_path / "stopped")[0]
   assert _metrics(tmp_path / "stopped") == _metrics(tmp_path / "reference")
+  for a, b in zip(jax.tree.leaves(reference.params), jax.tree.leaves(result.params), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_sigterm_while_a_merge_runs_stops_once_it_is_done_and_the_resumed_run_ends_bit_identical(
+    calm, tmp_path, monkeypatch):
+  """Regression (a real-clock stop flaked): a signal while the merge worker runs saved the merge's future, which no
+  checkpoint can hold (TypeError). The merge is finished and handled first; then the state is saved, whole."""
+  calm.checkpoint_every = 1000
+  reference = modes.train(calm, tmp_path / "reference")[0]
+  on_merge_due, seen = merge_schedule.MergeSchedule.on_merge_due, []
+
+  def and_signal(self, event):
+    on_merge_due(self, event)
+    if self.state == merge_schedule.RUNNING and not seen:
+      seen.append(1)
+      preemption._requested.append(signal.SIGTERM)  # pylint: disable=protected-access
+
+  with monkeypatch.context() as patch:
+    patch.setattr(merge_schedule.MergeSchedule, "on_merge_due", and_signal)
+    with pytest.raises(preemption.Interrupted):
+      modes.train(calm, tmp_path / "stopped")
+    preemption._requested.clear()  # pylint: disable=protected-access
+  result = modes.train(calm, tmp_path / "stopped")[0]
+  assert seen and _metrics(tmp_path / "stopped") == _metrics(tmp_path / "reference")
   for a, b in zip(jax.tree.leaves(reference.params), jax.tree.leaves(result.params), strict=True):
     np.testing.assert_array_equal(a, b)
 

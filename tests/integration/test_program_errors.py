@@ -9,7 +9,8 @@ from runtime.cluster import devices as devices_lib
 from runtime.experiments import modes
 from runtime.diloco import durability as durability_lib
 from runtime.diloco.controller import Controller
-from runtime.diloco.learner.learner import FAILED, Learner
+from runtime.diloco.learner.learner import Learner
+from runtime.diloco.learner.lifecycle import FAILED
 from runtime.errors import ProgramError
 from runtime.train.harness import Experiment
 from runtime.faults import injection

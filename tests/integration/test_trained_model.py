@@ -10,7 +10,6 @@ import pytest
 from runtime.trained import load_model
 from launcher import launch
 from models.transformer import TransformerLM
-from runtime.diloco import durability as durability_lib
 from runtime.errors import DataError
 from runtime.experiments import modes
 from runtime.trained import evaluation, sampling, saved
@@ -27,14 +26,14 @@ def trained(make_tiny_config, tmp_path_factory):
   config = make_tiny_config()
   config.checkpoint_every, config.checkpoint_keep, config.save_model_every = 1, 10, 2
   after_merge = {}
-  merged = durability_lib.Durability.merged
+  merged = saved.Trail.merged
 
-  def recording(self):
-    merged(self)
-    after_merge[self.merges_done] = jax.device_get(self._syncer.params)  # pylint: disable=protected-access
+  def recording(self, merges, params, *args):
+    merged(self, merges, params, *args)
+    after_merge[merges] = jax.device_get(params)
 
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(durability_lib.Durability, "merged", recording)
+    patch.setattr(saved.Trail, "merged", recording)
     workdir = tmp_path_factory.mktemp("trained")
     result = modes.train(config, workdir)[0]
   return result, workdir / "decoupled", after_merge

@@ -107,8 +107,8 @@ def _external(tree: ast.Module) -> set[str]:
   return names
 
 
-OWNERS = ["controller", "rounds", "merge_schedule", "membership", "durability", "slices/lifecycle",
-          "slices/several_slices"]
+OWNERS = ["controller", "budget", "theta_post", "rounds", "merge_schedule", "membership", "durability",
+          "slices/lifecycle", "slices/one_slice", "slices/several_slices"]
 
 
 @pytest.mark.parametrize("path", [f"runtime/diloco/{owner}.py" for owner in OWNERS])

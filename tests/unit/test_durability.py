@@ -1,11 +1,10 @@
-"""Durability on its own: each part's snapshot saved at a merge's end and handed back to it on restore."""
+"""Durability on its own: each part's snapshot saved under its key at a merge's end and handed back to it on restore."""
 
 import jax
 import numpy as np
 
 from runtime.diloco.clock import Event, EventKind, make_clock
-from runtime.diloco.durability import Durability
-from runtime.diloco.ledger import Ledger
+from runtime.diloco.durability import Durability, first_layout
 from runtime.experiments import modes
 
 
@@ -16,12 +15,12 @@ class _Part:
     self.state, self.restored = state, None
     vars(self).update(attributes)
 
-  def snapshot(self, packer=None) -> dict:
+  def snapshot(self, packer) -> dict:
     del packer
     return self.state
 
-  def restore(self, saved: dict, *unpacker_and_theta) -> None:
-    del unpacker_and_theta
+  def restore(self, saved: dict, unpacker) -> None:
+    del unpacker
     self.restored = saved
 
 
@@ -40,31 +39,25 @@ class _Syncer:
 
 def _parts(run, version: int):
   """Every part Durability saves, each with state of its own (different per `version`)."""
-  clock = make_clock(run.clock, run.learners, run.seed)
   return dict(
-      clock=clock, syncer=_Syncer(version),
-      learners=[_Part(dict(slices=[m], steps=version + m), slices=(m,)) for m in range(run.learners)],
+      syncer=_Syncer(version), learners=_Part([dict(slices=[m], steps=version + m) for m in range(run.learners)]),
+      slices=_Part(dict(pool=dict(spares=[version]), crashes=dict(drawn=[version]), lent=[])),
+      links=_Part(dict(bytes_up=version)),
+      budget=_Part(dict(tokens_dispatched=100 * version, reports_in_transit=version, ledger=dict(useful=version))),
+      membership=_Part(dict(drawn=[version])), clock=make_clock(run.clock, run.learners, run.seed),
       merges=_Part(dict(merge_state="scheduled" if version else "idle")),
-      rounds=_Part(dict(tokens_dispatched=100 * version, reports_in_transit=version)),
-      slices=_Part(dict(pool=dict(spares=[version]), crashes=dict(drawn=[version]))),
-      links=_Part(dict(bytes_up=version)), ledger=Ledger(run.num_slices), membership=_Part(dict(drawn=[version])),
       log=_Part(dict(tokens_merged=7 * version, records=version)))
 
 
 def _durability(run, tmp_path, parts):
-  log = parts["log"]
-  devices = [[d] for d in jax.devices()[:run.num_slices]]
   host = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  return Durability(run, tmp_path, "run", {}, host, devices, parts["clock"], parts["syncer"], parts["learners"],
-                    parts["merges"], parts["rounds"], parts["slices"], parts["links"], parts["ledger"],
-                    parts["membership"], lambda: log)
+  return Durability(run, tmp_path, "run", {}, host, parts["clock"], list(parts.items()))
 
 
 def test_a_checkpoint_hands_every_part_its_own_saved_state_back(tiny_config, tmp_path):
   tiny_config.checkpoint_every = 2
   run = modes.prepare(tiny_config)
   saved = _parts(run, version=3)
-  saved["ledger"].useful(12.5)
   saved["clock"].after(4.0, Event(EventKind.LEND, payload=(0, 1, 5.0)))
   durability = _durability(run, tmp_path, saved)
   durability.merged()
@@ -78,14 +71,8 @@ def test_a_checkpoint_hands_every_part_its_own_saved_state_back(tiny_config, tmp
   log = again.restore()
   assert log == saved["log"].state and again.merges_done == 2 and not again.finished
   assert restored["syncer"].version == 3 and np.array_equal(restored["syncer"].params["w"], [3.0, 4.0, 5.0])
-  for name in ("links", "membership"):
+  for name in ("learners", "slices", "links", "budget", "membership", "merges", "log"):
     assert restored[name].restored == saved[name].state, name
-  assert restored["merges"].restored["merge_state"] == "scheduled"  # (flat keys of the checkpoint's JSON, as ever)
-  rounds, slices = restored["rounds"].restored, restored["slices"].restored
-  assert rounds["tokens_dispatched"] == 300 and rounds["reports_in_transit"] == 3
-  assert slices["pool"] == dict(spares=[3]) and slices["crashes"]["drawn"] == [3]
-  assert [l.restored for l in restored["learners"]] == [l.state for l in saved["learners"]]
-  assert restored["ledger"].useful_seconds == 12.5
   at, event = restored["clock"].next_event()
   assert at == 4.0 and event.kind == EventKind.LEND and event.payload == (0, 1, 5.0)
   again.checkpoints.close()
@@ -104,3 +91,14 @@ def test_a_finished_run_saves_once_more_and_a_rerun_of_it_saves_nothing(tiny_con
   again.finish()
   assert not again.saves
   assert set(again.figures()) == set() and np.isfinite(durability.figures()["final_save_ms"])
+
+
+def test_a_checkpoint_of_the_first_layout_resumes_with_each_owners_state_under_its_key():
+  old = dict(merges_done=4, finished=False, merge_state="running", tokens_dispatched=640, reports_in_transit=1,
+             syncer={}, learners=[], pool=dict(spares=[2]), crashes=dict(drawn=[1]), links={},
+             ledger=dict(useful_seconds=3.0), clock={}, log={}, failed={}, arrays={},
+             membership=dict(lent=[[4, 2]], drawn=[1], service=None))
+  new = first_layout(old)
+  assert new["merges"] == dict(merge_state="running") and new["slices"]["lent"] == [[4, 2]]
+  assert new["budget"] == dict(tokens_dispatched=640, reports_in_transit=1, ledger=dict(useful_seconds=3.0))
+  assert new["membership"] == dict(drawn=[1], service=None) and new["merges_done"] == 4

@@ -13,7 +13,8 @@ from models import lm
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.cluster import devices as devices_lib
 from runtime.experiments import modes
-from runtime.diloco.learner.learner import DOWN, TRAINING, WAITING, Learner
+from runtime.diloco.learner.learner import Learner
+from runtime.diloco.learner.lifecycle import DOWN, TRAINING, WAITING
 from runtime.diloco.sync import messages
 from runtime.diloco.sync.messages import Delivery
 from runtime.train.harness import Experiment
@@ -253,6 +254,6 @@ def test_a_learner_whose_slice_failed_keeps_no_state_so_the_final_checkpoint_nev
   treedefs = dict(params=jax.tree.structure(theta), train=jax.tree.structure(learner.state))
   jax.tree.map(lambda x: x.delete(), learner.state)  # (what the failing dispatch's donation left)
   learner.fail(2.0)
-  learner.set_status("done", 9.0)  # the run ended while it was down
+  learner.finish(9.0)  # the run ended while it was down
   saved = learner.snapshot(snapshot_lib.Packer((), treedefs, messages.CODECS))
   assert learner.state is None and saved["state"] is None

@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from runtime.diloco.learner.book import ABSENT, DONE, DOWN, TRAINING, WAITING, LearnerBook
+from runtime.diloco.learner.book import LearnerBook
+from runtime.diloco.learner.lifecycle import (ABSENT, DONE, DOWN, FAILED, TRAINING, TRANSITIONS, WAITING,
+                                               IllegalMove)
 from runtime.diloco.sync.messages import Report
 
 # A value for every field, each unlike its default.
@@ -69,9 +71,9 @@ def test_a_report_settled_unmerged_serves_its_data_again_and_a_carried_round_kee
 
 
 def test_time_absent_and_after_the_last_part_is_left_out_of_the_busy_fraction():
-  book = LearnerBook()
-  book.set_status("learner 0", ABSENT, 0.0)
-  book.set_status("learner 0", TRAINING, 10.0)  # lent a slice at t=10
+  book = LearnerBook(status=ABSENT)
+  book.set_status("learner 0", WAITING, 10.0)  # lent a slice at t=10, and at once training
+  book.set_status("learner 0", TRAINING, 10.0)
   book.collected(steps=4, tokens=400, busy=8.0, slices=1, loss=1.0, now=18.0)
   book.set_status("learner 0", WAITING, 18.0)
   book.set_status("learner 0", DONE, 30.0)  # its last report synced until t=30: no training time to fill
@@ -86,3 +88,16 @@ def test_a_learner_still_down_at_the_end_stays_charged_with_that_time():
   book.set_status("learner 1", DOWN, 2.0)
   book.set_status("learner 1", DONE, 10.0)
   assert book.busy_fraction(10.0) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("status,to", [(FAILED, WAITING), (ABSENT, TRAINING), (DOWN, TRAINING), (DONE, TRAINING)])
+def test_a_move_outside_the_lifecycles_table_is_refused_naming_both_statuses(status, to):
+  book = LearnerBook(status=status)
+  with pytest.raises(IllegalMove, match=f"learner 3: no move from {status} to {to}"):
+    book.set_status("learner 3", to, 1.0)
+  assert book.status == status and not book.intervals
+
+
+def test_every_status_can_end_the_run_done_and_every_move_leads_to_a_status():
+  assert all(DONE in moves or status == DONE for status, moves in TRANSITIONS.items())
+  assert set().union(*TRANSITIONS.values()) <= set(TRANSITIONS)

@@ -3,10 +3,12 @@
 import types
 
 from controller_fakes import FakeLearner, FakeLog, FakeSyncer
+from runtime.diloco.budget import Budget
 from runtime.diloco.clock import EventKind, make_clock
-from runtime.diloco.learner.learner import DONE, WAITING
+from runtime.diloco.learner.lifecycle import DONE, WAITING
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.rounds import Rounds
+from runtime.diloco.theta_post import ThetaPost
 from runtime.experiments import modes
 
 
@@ -26,13 +28,10 @@ class _Links:
 
 class _Merges:
   def __init__(self):
-    self.received, self.checks = [], 0
+    self.received = []
 
   def receive(self, report):
     self.received.append(report)
-
-  def maybe_merge(self):
-    self.checks += 1
 
 
 def _rounds(tiny_config, drop=False):
@@ -43,10 +42,12 @@ def _rounds(tiny_config, drop=False):
   slices = types.SimpleNamespace(regroup_due=lambda learner, kind: False, step_scale=lambda learner: 1.0,
                                  arm_crash=lambda learner, steps, modeled: None, failed=None,
                                  crashed_idle=lambda learner: False)
-  log, links, merges, ledger = FakeLog(), _Links(drop), _Merges(), Ledger(run.num_slices)
-  rounds = Rounds(run, clock, learners, FakeSyncer(), links, ledger, lambda: log, slices, merges)
+  log, links, merges, ledger, syncer = FakeLog(), _Links(drop), _Merges(), Ledger(run.num_slices), FakeSyncer()
+  post = ThetaPost(clock, links)
+  budget = Budget(run, clock, learners, syncer, post, ledger, log)
+  rounds = Rounds(run, clock, learners, syncer, links, budget, post, log, slices, merges)
   return types.SimpleNamespace(run=run, clock=clock, learners=learners, log=log, links=links, merges=merges,
-                               ledger=ledger, rounds=rounds)
+                               ledger=ledger, budget=budget, rounds=rounds)
 
 
 def test_a_round_is_dispatched_its_report_sent_and_its_arrival_handed_to_the_merge_schedule(tiny_config):
@@ -54,36 +55,37 @@ def test_a_round_is_dispatched_its_report_sent_and_its_arrival_handed_to_the_mer
   learner = h.learners[1]
   h.rounds.start_round(learner)
   steps = h.run.round_steps - h.run.overlap_steps
-  assert h.rounds.tokens_dispatched == steps * learner.tokens_per_batch
+  assert h.budget.tokens_dispatched == steps * learner.tokens_per_batch
   at, done = h.clock.next_event()
   assert done.kind == EventKind.PART_DONE and at == steps * h.run.clock.step_seconds
   h.rounds.on_part_done(done, at)
-  assert h.rounds.reports_in_transit == 1 and learner.reports_out == 1 and learner.status == WAITING
+  assert h.budget.reports_in_transit == 1 and learner.reports_out == 1 and learner.status == WAITING
   _, arrived = h.clock.next_event()
   assert arrived.kind == EventKind.REPORT_ARRIVED
   h.rounds.on_report_arrived(arrived)
-  assert h.rounds.reports_in_transit == 0 and h.merges.received == [arrived.payload]
+  assert h.budget.reports_in_transit == 0 and h.merges.received == [arrived.payload]
 
 
 def test_a_part_beyond_the_token_budget_is_not_dispatched_and_its_learner_is_done(tiny_config):
   h = _rounds(tiny_config)
   learner = h.learners[0]
-  while h.rounds.work_left():
+  while h.budget.work_left():
     h.rounds.start_round(learner)
     learner.parts.clear()  # (its part is done; a learner with one in flight settles when it is)
-  dispatched = h.rounds.tokens_dispatched
+  dispatched = h.budget.tokens_dispatched
   assert dispatched == h.run.token_budget  # (the budget is a whole number of this learner's parts)
   h.rounds.start_round(learner)
-  assert learner.status == DONE and h.merges.checks == 1 and h.rounds.tokens_dispatched == dispatched
+  assert learner.status == DONE and h.budget.tokens_dispatched == dispatched
 
 
-def test_written_off_tokens_go_back_into_the_budget_and_a_finished_learner_pulls_theta_to_train_them(tiny_config):
+def test_lost_tokens_go_back_into_the_budget_and_a_finished_learner_pulls_theta_to_train_them(tiny_config):
   h = _rounds(tiny_config)
-  h.learners[2].set_status(DONE, 0.0)
+  h.learners[2].finish(0.0)
   h.rounds.start_round(h.learners[0])
-  dispatched = h.rounds.tokens_dispatched
-  h.rounds.write_off(100)
-  assert h.rounds.tokens_dispatched == dispatched - 100 and h.learners[2].status == WAITING
+  dispatched = h.budget.tokens_dispatched
+  h.budget.lose(100, 2.5, ("crash", 0, "test"))
+  assert h.budget.tokens_dispatched == dispatched - 100 and h.learners[2].status == WAITING
+  assert h.ledger.lost_seconds == 2.5 and h.log.kinds() == ["crash"]
   assert h.links.sent_down == [(2, 0.0)]
   events = [h.clock.next_event()[1] for _ in range(h.clock.pending())]
   assert [(e.kind, e.learner) for e in events if e.kind == EventKind.PARAMS_ARRIVED] == [(EventKind.PARAMS_ARRIVED, 2)]
@@ -94,7 +96,7 @@ def test_a_report_dropped_by_its_link_times_out_and_its_learner_pulls_the_curren
   h.rounds.start_round(h.learners[3])
   at, done = h.clock.next_event()
   h.rounds.on_part_done(done, at)
-  assert h.rounds.reports_in_transit == 0 and h.log.kinds() == ["link_drop"] and h.ledger.lost_seconds == 2.0
+  assert h.budget.reports_in_transit == 0 and h.log.kinds() == ["link_drop"] and h.ledger.lost_seconds == 2.0
   timeout_at, timeout = h.clock.next_event()
   assert timeout.kind == EventKind.REPORT_TIMEOUT and timeout_at == at + h.run.faults.report_timeout_seconds
   h.rounds.on_report_timeout(timeout)
@@ -102,9 +104,11 @@ def test_a_report_dropped_by_its_link_times_out_and_its_learner_pulls_the_curren
   assert theta.kind == EventKind.PARAMS_ARRIVED and theta.payload.verdict == "lost" and arrive_at == timeout_at + 3.0
 
 
-def test_the_budget_side_survives_a_snapshot(tiny_config):
+def test_the_budget_survives_a_snapshot_with_its_ledger(tiny_config):
   h = _rounds(tiny_config)
   h.rounds.start_round(h.learners[0])
-  again = _rounds(tiny_config).rounds
-  again.restore(h.rounds.snapshot())
-  assert again.snapshot() == h.rounds.snapshot() and again.tokens_dispatched > 0
+  h.budget.lose(0, 1.5)
+  again = _rounds(tiny_config).budget
+  again.restore(h.budget.snapshot(None), None)
+  assert again.snapshot(None) == h.budget.snapshot(None) and again.tokens_dispatched > 0
+  assert again.ledger.lost_seconds == 1.5

@@ -3,31 +3,32 @@
 import jax
 import pytest
 
-from controller_fakes import FakeLearner, FakeLog, FakeSyncer
+from controller_fakes import FakeBudget, FakeLearner, FakeLog, FakePost, FakeSyncer
 from runtime.diloco.clock import Event, EventKind, make_clock
-from runtime.diloco.learner.learner import DOWN, FAILED, WAITING
+from runtime.diloco.learner.lifecycle import DOWN, FAILED, WAITING
 from runtime.diloco.ledger import Ledger
+from runtime.diloco.slices.lifecycle import SliceLifecycle
+from runtime.diloco.slices.one_slice import OneSlice
 from runtime.diloco.slices.several_slices import SeveralSlices
-from runtime.diloco.slices.lifecycle import OneSlice, SliceLifecycle
 from runtime.errors import ProgramError
 from runtime.experiments import modes
 from runtime.faults.plan import timed_events
 
 
 class _Harness:
-  """A slice lifecycle over fake learners, a virtual clock, and records of the callbacks it made."""
+  """A slice lifecycle over fake learners, a virtual clock, and records of the losses and pulls of Θ it made."""
 
   def __init__(self, config, slices_of):
     self.run = modes.prepare(config)
     self.clock = make_clock(self.run.clock, self.run.learners, self.run.seed)
     self.learners = [FakeLearner(m, slices_of(m)) for m in range(self.run.learners)]
-    self.log, self.written_off, self.pulled, self.merge_checks = FakeLog(), [], [], []
+    self.log, self.post = FakeLog(), FakePost(self.clock)
+    self.budget = FakeBudget(self.clock, self.log, Ledger(self.run.num_slices))
     devices = [[d] for d in jax.devices()[:self.run.num_slices]]
     self.slices = SliceLifecycle(
-        self.run, devices, None, self.clock, self.learners, FakeSyncer(), Ledger(self.run.num_slices),
-        lambda: self.log, self.written_off.append, lambda l: self.pulled.append((l.index, self.clock.now())),
-        lambda: self.merge_checks.append(self.clock.now()),
+        self.run, devices, None, self.clock, self.learners, FakeSyncer(), self.budget, self.post, self.log,
         policy=SeveralSlices if self.run.slices_per_learner > 1 else OneSlice)
+    self.pulled = self.post.pulled
     self.handlers = {EventKind.SLICE_REPAIRED: self.slices.on_slice_repaired, EventKind.REJOIN: self.slices.on_rejoin,
                      EventKind.SLICE_CRASH: self.slices.on_slice_crash}
 
@@ -53,10 +54,10 @@ def test_a_crashed_learner_gets_the_spare_and_its_slice_becomes_the_spare_after_
   h = _Harness(one_spare, lambda m: (m,))
   h.learners[1].unmerged_tokens = 40
   h.slices.crash(h.learners[1], "test")
-  assert h.learners[1].status == DOWN and h.written_off == [40] and h.log.kinds() == ["crash"]
+  assert h.learners[1].status == DOWN and h.budget.lost == [(40, 1.5)] and h.log.kinds() == ["crash"]
   assert h.run_events() == [(1.0, EventKind.REJOIN), (5.0, EventKind.SLICE_REPAIRED)]
   assert h.learners[1].slices == (2,) and h.pulled == [(1, 1.0)]  # on the oldest spare, from Θ, after the swap
-  assert h.log.kinds() == ["crash", "rejoin"] and h.merge_checks == [0.0]
+  assert h.log.kinds() == ["crash", "rejoin"]
   assert h.slices.pool.snapshot()["spares"] == [3, 1]  # the repaired slice is a spare again
 
 
@@ -119,7 +120,7 @@ def test_a_learner_of_two_slices_losing_one_shrinks_onto_the_other_and_grows_bac
     seen.append((at, event.kind))
     if event.kind == EventKind.RECONFIGURED:
       h.slices.regroup(learner)
-      learner.set_status(WAITING, at)
+      learner.wait(at)
     elif event.kind in h.handlers:
       h.handlers[event.kind](event)
   assert seen == [(1.0, EventKind.RECONFIGURED), (6.0, EventKind.SLICE_REPAIRED), (7.0, EventKind.RECONFIGURED)]
@@ -142,7 +143,7 @@ def test_a_lent_slice_that_failed_while_not_lent_leaves_its_learner_down_and_is_
   h.slices.pool.begin_repair(2)
   assert not h.slices.lend(2, h.learners[2]) and h.learners[2].status == DOWN
   assert h.slices.lend(3, h.learners[3]) and h.learners[3].status == WAITING
-  assert h.slices.reclaim(2) == 2 and h.slices.lent_snapshot() == [(3, 3)]
+  assert h.slices.reclaim(2) == 2 and h.slices.snapshot(None)["lent"] == [(3, 3)]
 
 
 def test_a_learner_of_two_slices_losing_one_has_both_settled_at_the_end_its_failed_program_ran_on_both(

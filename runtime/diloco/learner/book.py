@@ -9,12 +9,8 @@ import dataclasses
 import math
 from typing import Any
 
+from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, FAILED, WAITING, check_move
 from runtime.diloco.sync.messages import Report
-
-TRAINING, WAITING, DOWN, DONE = "training", "waiting", "down", "done"
-ABSENT = "absent"  # a learner of lent capacity while it has no slice (not yet lent, or reclaimed)
-FAILED = "failed"  # stopped for good by a program error that is no lost slice: never retried
-RECONFIGURING = "reconfiguring"  # a learner of several slices moving onto fewer or more of them (it keeps its state)
 
 # Checkpoint keys of the fields that were the Learner's private attributes before the book (`_reported_tokens`...):
 # checkpoints written then keep loading, and a run resumed from one goes on bit for bit.
@@ -100,9 +96,11 @@ class LearnerBook:
   # Status and times --------------------------------------------------------------------------------
 
   def set_status(self, who: str, status: str, now: float) -> None:
-    """Moves to `status`, closing the timeline interval (labelled `who`) of the previous one."""
+    """Moves to `status` (a move of its lifecycle's table), closing the timeline interval (labelled `who`) of the
+    previous one."""
     if status == self.status == DONE:
       return
+    check_move(who, self.status, status)
     if status == DONE:  # a learner still down (or stopped) at the end stays charged with that time; one absent is not
       self.finished_at = (self.state_since if self.status == ABSENT else self.completions[-1][0]
                           if self.completions and self.status not in (DOWN, FAILED) else now)

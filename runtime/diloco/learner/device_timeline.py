@@ -11,7 +11,7 @@ import dataclasses
 import math
 from typing import Iterable
 
-from runtime.diloco.learner.book import ABSENT, DOWN, FAILED, RECONFIGURING
+from runtime.diloco.learner.lifecycle import ABSENT, DOWN, FAILED, RECONFIGURING
 
 NO_SLICE = (DOWN, FAILED, RECONFIGURING, ABSENT)  # statuses in which the learner has no device to keep busy
 

@@ -11,6 +11,8 @@ collect, report, adopt Θ, fail and rejoin.
 
 from typing import Any
 
+import dataclasses
+
 import jax
 import numpy as np
 
@@ -22,9 +24,11 @@ from runtime.data.service import LeasedStream
 from runtime.diloco.learner import placement as placement_lib
 from runtime.diloco.learner import receive as receive_lib
 from runtime.diloco.sync.fragment_trees import LearnerFragments
-from runtime.diloco.learner.book import ABSENT, DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING, LearnerBook
-from runtime.diloco.sync.messages import Delivery, Failure, Report, RoundPart
-from runtime.diloco.learner.parts import PartQueue
+from runtime.diloco.learner.book import LearnerBook
+from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, FAILED, RECONFIGURING, STATE_LOST, TRAINING, WAITING
+from runtime.diloco.sync.messages import Delivery, Report
+from runtime.diloco.sync.syncer import Syncer
+from runtime.diloco.learner.parts import PartQueue, RoundPart
 from runtime.diloco.learner.report_capture import ReportCapture
 from runtime.faults import injection
 from runtime.config.fragment_plan import WHOLE
@@ -34,18 +38,27 @@ from runtime.wire.downlink import Downlink
 from runtime.wire.uplink import Uplink
 
 PyTree = Any
-# The statuses are the book's; the controller's modules import them from here, with the learner.
-__all__ = ["ABSENT", "DONE", "DOWN", "FAILED", "RECONFIGURING", "TRAINING", "WAITING", "Learner"]
+# What follows a learner's parts in flight (`after_queued`)
+AFTER_REPORT, ADOPT, TRAIN_ON = "after_report", "adopt", "train_on"
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+  """What a learner's crash cost: its slice, the device error, and the work that never reached Θ."""
+
+  slice_index: int
+  detail: str  # ", awaiting its round: ..." or similar, appended to the crash's cause
+  unmerged_tokens: int  # tokens trained (or in flight) since the last report
+  lost_seconds: float  # busy slice time since its last report
 
 
 class Learner:
   """Owns one slice (or several); all device work is dispatched asynchronously and awaited only in `collect`, its
   parts in flight oldest first (runtime/diloco/learner/parts.py)."""
 
-  STATE_LOST = (DOWN, FAILED)  # statuses whose device state is gone (a checkpoint saves none)
-
   def __init__(self, index: int, slice_index: int, devices: list[jax.Device], run: RunConfig,
-               stream: data_lib.ShardIterator | LeasedStream, injector: injection.Injector | None = None):
+               stream: data_lib.ShardIterator | LeasedStream, injector: injection.Injector | None = None,
+               absent: bool = False):
     self.index, self.run, self.injector = index, run, injector
     self.tokens_per_batch = stream.tokens_per_batch
     self._data = Stager(stream, run.data.prefetch, str(index))
@@ -54,7 +67,8 @@ class Learner:
     self.slices, self.slice_index = (), -1  # the slices it trains on (none while it has none), and the first
     if slice_index != -1:
       self.move_to(slice_index, devices)
-    self.book = LearnerBook(round_start=self._data.position, reported_position=self._data.position)
+    self.book = LearnerBook(status=ABSENT if absent else WAITING, round_start=self._data.position,
+                            reported_position=self._data.position)  # (absent: of lent capacity, until lent a slice)
     self.state: TrainState | None = None
     self.parts = PartQueue()  # in flight, oldest first
     self.inbox: Delivery | None = None  # received but not yet adopted (the learner was busy)
@@ -77,6 +91,39 @@ class Learner:
   device = property(lambda self: self.parts.device)  # when its parts ran
   # With overlap steps a main part copies its (whole, uncompressed) report itself: see ReportCapture
   _main_copies = property(lambda self: self._capture.by_part and self.run.overlap_steps > 0)
+
+  def parts_in_flight(self) -> int:
+    return len(self.parts)
+
+  def resume_kind(self) -> str:
+    """The kind of its oldest part in flight ("" if none): what it resumes after a reconfiguration."""
+    return self.parts[0].kind if self.parts else ""
+
+  def has_theta(self) -> bool:
+    """Θ was delivered and waits in its inbox to be adopted."""
+    return self.inbox is not None
+
+  def after_queued(self) -> str:
+    """What follows its parts in flight: AFTER_REPORT (its newest part ends in a report, so an overlap part goes behind
+    it), ADOPT (Θ waits to be adopted), or TRAIN_ON (more overlap steps, if the run keeps training)."""
+    if self.parts and self.parts[-1].kind == "main":
+      return AFTER_REPORT
+    return ADOPT if self.inbox is not None else TRAIN_ON
+
+  def seconds_per_step(self, part: RoundPart) -> float:
+    """The time one inner step of its collected part took: modeled, or as its device ran it."""
+    return (part.modeled_seconds or self.parts.device.last_seconds) / part.steps
+
+  def busy_fraction(self, now: float) -> float:
+    return self.book.busy_fraction(now)
+
+  def served(self, start: int, end: int) -> Any:
+    """The data service's serials of its batches [start, end) (data.assignment "service")."""
+    return self.leased.serials(start, end)
+
+  def leases(self) -> list[int]:
+    """The serials it holds leased from the data service."""
+    return self.leased.snapshot() if self.leased is not None else []
 
   def device_idle(self) -> float:
     """The share of its active span in which its device had no program of its own (see DeviceTimeline)."""
@@ -138,7 +185,7 @@ class Learner:
     if self.leased is not None:  # this part, the one staged after it, and what the prefetcher reads ahead
       self.leased.lease_through(self._data.position["position"] + steps + ahead + self.run.data.prefetch + 2)
     staged = self._data.take(steps, self.batch_sharding)
-    self.set_status(TRAINING, now)
+    self._move(TRAINING, now)
     if schedule_at is not None:  # the inner schedule follows the run's progress (inner.schedule_progress="run")
       self.state = schedule_to(self.state, np.int32(schedule_at))
     failure, before = "", (self.state, staged.start) if self._keeps_state else None
@@ -279,7 +326,7 @@ class Learner:
     self.book.new_round(version, self._data.position, carried)
     self._at_report = None
     self.inbox = None
-    self.set_status(WAITING, now)
+    self._move(WAITING, now)
 
   # Failure and return -----------------------------------------------------------------------------
 
@@ -292,7 +339,7 @@ class Learner:
     self._capture.drop()
     failure = Failure(self.slice_index, detail, lost + self.book.unreported_tokens(), self.book.unreported_busy)
     self.inbox, self.state = None, None  # its device state is gone with its slice (as a restored learner's is)
-    self.set_status(status, now)
+    self._move(status, now)
     self.slices, self.slice_index = (), -1
     return failure
 
@@ -305,7 +352,7 @@ class Learner:
     if part is not None:
       self.state, start = before
       self._data.restore(start)
-    self.set_status(RECONFIGURING, now)
+    self._move(RECONFIGURING, now)
     lost_seconds = (now - part.started_at) * len(self.slices) if part else 0.0
     return Failure(self.slice_index, detail, part.tokens if part else 0, lost_seconds)
 
@@ -326,7 +373,7 @@ class Learner:
     self.state = None
     self.give_back_unreported()
     if self.book.status != FAILED:  # a learner stopped by a program error is never lent a slice again
-      self.set_status(ABSENT, now)
+      self._move(ABSENT, now)
     return failure
 
   def give_back_unreported(self) -> None:
@@ -349,14 +396,30 @@ class Learner:
 
   # Status and checkpoint -------------------------------------------------------------------------
 
-  def set_status(self, status: str, now: float) -> None:
-    """Moves to `status`, closing the timeline interval of the previous one."""
+  def _move(self, status: str, now: float) -> None:
+    """Moves to `status` (runtime/diloco/learner/lifecycle.py), closing the timeline interval of the previous one."""
     self.book.set_status(f"learner {self.index}", status, now)
+
+  def finish(self, now: float) -> None:
+    """The budget has no part left for it (or the run ended): it is done, unless written-off tokens bring it back."""
+    self._move(DONE, now)
+
+  def wait(self, now: float) -> None:
+    """It has no part to run: it waits for Θ (a finished learner taking up returned budget waits for it, too)."""
+    self._move(WAITING, now)
+
+  def reconfigure(self, now: float) -> None:
+    """It moves onto another set of its slices (several slices): nothing runs until that ends."""
+    self._move(RECONFIGURING, now)
+
+  def await_repair(self, now: float) -> None:
+    """Lent a slice that is in repair: it is down until the slice is back."""
+    self._move(DOWN, now)
 
   def snapshot(self, packer: snapshot_lib.Packer) -> dict:
     """Everything that decides the learner's future; its device state is copied (the next round donates it)."""
     group = f"learner{self.index}"
-    lost = self.book.status in self.STATE_LOST or self.state is None
+    lost = self.book.status in STATE_LOST or self.state is None
     state = None if lost else snapshot_lib.copied(self.state)
     return dict(  # (the trees packed in this order: their arrays' keys are numbered as they come)
         self.book.snapshot(), fragments=self.fragments.snapshot(), slice_index=self.slice_index,
@@ -396,3 +459,21 @@ class Learner:
 
   def close(self) -> None:
     self._data.close()
+
+
+class Learners:
+  """The run's learners as one part of a checkpoint: each one's state, restored onto the slices it had."""
+
+  def __init__(self, learners: list[Learner], devices: list[list[jax.Device]], syncer: Syncer):
+    self._learners, self._devices, self._syncer = learners, devices, syncer
+
+  def snapshot(self, packer: snapshot_lib.Packer) -> list[dict]:
+    return [learner.snapshot(packer) for learner in self._learners]
+
+  def restore(self, saved: list[dict], unpacker: snapshot_lib.Unpacker) -> None:
+    """Each learner moved to its saved slices first, then given its state (its trees laid out like Θ there)."""
+    for learner, mine in zip(self._learners, saved):
+      slices = tuple(mine["slices"])
+      if slices and slices != learner.slices:
+        learner.move_to(slices, [self._devices[s] for s in slices])
+      learner.restore(mine, unpacker, self._syncer.params)

@@ -7,15 +7,37 @@ that keeps its state across a lost slice (several slices, reconfiguring) runs on
 part started from: its state and data position.
 """
 
+import dataclasses
 from typing import Any, Iterator
 
 import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.diloco.learner.device_timeline import DeviceTimeline
-from runtime.diloco.sync.messages import RoundPart
-from runtime.diloco.learner.part_snapshot import pack_before, pack_part, unpack_before, unpack_part
 from runtime.train.programs import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundPart:
+  """A dispatched part of a round: its futures and what it consumed."""
+
+  kind: str  # "main": ends in a report; "overlap": trains while the report syncs
+  steps: int
+  tokens: int
+  started_at: float
+  modeled_seconds: float  # 0 when time is not modeled (real clock)
+  state: TrainState
+  metrics: dict
+  failure: str = ""  # the device error of a program that failed before it was awaited, raised when it is
+  queued_seconds: float = 0.0  # modeled time it waits behind the learner's parts ahead of it (parts_in_flight > 1)
+
+  def ends_at(self, seconds_per_step: float, ahead_ends_at: float = 0.0) -> float:
+    """When the part finishes: modeled, or estimated from a typical step time (and when the part ahead ends)."""
+    if self.modeled_seconds:
+      return self.started_at + self.queued_seconds + self.modeled_seconds
+    return max(self.started_at, ahead_ends_at) + self.steps * seconds_per_step
+
 
 
 class PartQueue:
@@ -86,3 +108,41 @@ class PartQueue:
     saved_parts = [p for p in (saved["inflight"], *saved.get("queued", ())) if p is not None]
     self._parts = [unpack_part(p, unpacker, group, state, mesh, failure) for p in saved_parts]
     self._void, self.device = saved.get("void", 0), DeviceTimeline.restored(saved.get("device"))
+
+
+# A part in flight in the learner's checkpoint: its figures and metrics, and what it started from (the part's train
+# state is the learner's own, saved with it; a learner that reconfigures keeps the state and data position before it).
+
+def pack_part(part: RoundPart | None, packer: snapshot_lib.Packer, group: str) -> dict | None:
+  """The part's figures, its metrics' arrays in `group`."""
+  if part is None:
+    return None
+  return dict(kind=part.kind, steps=part.steps, tokens=part.tokens, started_at=part.started_at,
+              modeled_seconds=part.modeled_seconds, metrics=packer.tree(part.metrics, "dict", group),
+              failure=part.failure)
+
+
+def unpack_part(saved: dict | None, unpacker: snapshot_lib.Unpacker, group: str, state: TrainState | None,
+                mesh: jax.sharding.Mesh, failure: str) -> RoundPart | None:
+  """The part `pack_part` saved, producing `state`, its metrics replicated on `mesh` (none once it failed: its
+  error, or the `failure` of its group's arrays)."""
+  if saved is None:
+    return None
+  replicated = NamedSharding(mesh, P())
+  failure = saved["failure"] or failure
+  metrics = None if failure else unpacker.tree(saved["metrics"], lambda x, _: jax.device_put(x, replicated), group)
+  return RoundPart(saved["kind"], saved["steps"], saved["tokens"], saved["started_at"], saved["modeled_seconds"],
+                   state, metrics, failure=failure)
+
+
+def pack_before(before: tuple[TrainState, dict] | None, packer: snapshot_lib.Packer, group: str) -> dict | None:
+  """The state and data position before the part, the state's arrays in `group`.before."""
+  return None if before is None else dict(state=packer.tree(before[0], "train", f"{group}.before"), data=before[1])
+
+
+def unpack_before(saved: dict | None, unpacker: snapshot_lib.Unpacker, group: str,
+                  like: Any) -> tuple[TrainState, dict] | None:
+  """What `pack_before` saved, the state placed like the train state `like`."""
+  if saved is None:
+    return None
+  return unpacker.tree(saved["state"], snapshot_lib.like(like), f"{group}.before"), saved["data"]

@@ -2,7 +2,7 @@
 
 `SliceLifecycle` owns the slice pool (spares, repairs, learners waiting, slices held for a rejoin), the crash plan,
 the fault injector and which learner each lent slice runs. How a learner takes a lost or a given slice is a policy
-chosen once, by whoever builds it: `OneSlice` here, or `SeveralSlices` (runtime/diloco/slices/several_slices.py) for
+chosen once, by whoever builds it: `OneSlice` (runtime/diloco/slices/one_slice.py), or `SeveralSlices` (runtime/diloco/slices/several_slices.py) for
 learners of k > 1 slices.
 Lent slices come after the owned ones, at [num_slices, num_slices + lent): they are never spares of the owned
 learners, and a lent learner that crashes waits for its own slice's repair, unless the slice is reclaimed first.
@@ -17,12 +17,13 @@ from absl import logging
 from runtime.cluster import multislice
 from runtime.cluster.slice_pool import SlicePool
 from runtime.config.run import RunConfig
+from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner.learner import ABSENT, DONE, DOWN, FAILED, Learner
-from runtime.diloco.ledger import Ledger
-from runtime.diloco.sync.messages import Failure
+from runtime.diloco.learner.learner import Failure, Learner
+from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, FAILED
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.sync.syncer import Syncer
+from runtime.diloco.theta_post import ThetaPost
 from runtime.errors import ProgramError
 from runtime.faults import injection
 from runtime.faults.plan import CrashPlan
@@ -33,12 +34,10 @@ class SliceLifecycle:
   """Every slice's failures and returns, and the learners they take down and bring back."""
 
   def __init__(self, run: RunConfig, devices: Sequence[list[jax.Device]], injector: injection.Injector | None,
-               clock, learners: Sequence[Learner], syncer: Syncer, ledger: Ledger, log: Callable[[], RunLog],
-               write_off: Callable[[int], None], pull_theta: Callable[[Learner], None],
-               maybe_merge: Callable[[], None], policy: Callable[["SliceLifecycle"], Any]):
+               clock, learners: Sequence[Learner], syncer: Syncer, budget: Budget, post: ThetaPost, log: RunLog,
+               policy: Callable[["SliceLifecycle"], Any]):
     self.run, self.devices, self.injector, self.clock, self.learners = run, devices, injector, clock, learners
-    self.syncer, self.ledger, self.log = syncer, ledger, log
-    self.write_off, self.pull_theta, self.maybe_merge = write_off, pull_theta, maybe_merge
+    self.syncer, self.budget, self._post, self.log = syncer, budget, post, log
     f, k = run.faults, run.slices_per_learner
     self.crashes = CrashPlan(f.schedule, [slice_failures(f, s, run.seed) for s in range(len(devices))])
     self.pool = SlicePool(run.num_slices, in_use=run.learners * k, per_learner=k)  # lent slices are not its to give
@@ -79,7 +78,7 @@ class SliceLifecycle:
     """Under the real clock a crash fails the learner's program in flight for real: armed to raise at its next inner
     step, the crash is handled when that device error surfaces (`failed`). True if so; False where nothing runs
     (the virtual clock models the crash's time and arms its step at dispatch: `arm_crash`)."""
-    if self.run.clock.kind != "real" or self.injector is None or learner is None or not learner.parts:
+    if self.run.clock.kind != "real" or self.injector is None or learner is None or not learner.parts_in_flight():
       return False
     self.injector.arm_next(learner.index)
     self._surfacing[learner.index] = (event, self.clock.now())
@@ -98,7 +97,7 @@ class SliceLifecycle:
   def crashed_idle(self, learner: Learner) -> bool:
     """A part finished before its armed crash reached an inner step: with none left in flight to fail, its slice
     fails now, idle. True if the learner went down."""
-    if learner.index not in self._surfacing or learner.parts:
+    if learner.index not in self._surfacing or learner.parts_in_flight():
       return False
     if learner.status in (DOWN, DONE, FAILED, ABSENT):  # (it finished, or left, before the slice failed)
       self._surfacing.pop(learner.index)
@@ -130,16 +129,21 @@ class SliceLifecycle:
     """The slice comes back after `seconds` of repair."""
     self.clock.after(seconds, Event(EventKind.SLICE_REPAIRED, payload=slice_index))
 
-  def remove(self, learner: Learner, status: str) -> Failure:
-    """Removes the learner's future and writes off its unmerged work; it is DOWN (to return) or FAILED (for good)."""
+  def remove(self, learner: Learner, status: str, fault: str, why: str, how: bool = True) -> Failure:
+    """Removes the learner's future and loses its unmerged work, recorded as `fault` (kind) for `why` (and `how` its
+    failure went); it is DOWN (to return) or FAILED (for good)."""
     failure = learner.fail(self.clock.now(), status)
     self._surfacing.pop(learner.index, None)
     failure = dataclasses.replace(failure, detail=failure.detail + self.take_detail(learner.index))
     self.crashes.fired(learner.index)
-    self.write_off(failure.unmerged_tokens)
-    self.ledger.lost(failure.lost_seconds)
+    self.budget.lose(failure.unmerged_tokens, failure.lost_seconds,
+                     (fault, learner.index, why + failure.detail if how else why))
     self.forget_work(learner.index)
     return failure
+
+  def pull_theta(self, learner: Learner) -> None:
+    """A learner (re)starting from Θ (rejoin, join) pulls it whole; its first round starts when it has arrived."""
+    self._post.pull(learner.index, learner.round)
 
   def forget_work(self, m: int) -> None:
     """Nothing the learner was doing or being sent happens any more."""
@@ -166,17 +170,15 @@ class SliceLifecycle:
     """Stops the learner for good: its future removed, its unmerged work written off for the others to train, its
     slice (healthy) given to the pool, the quorum following the learners still able to report."""
     now, m = self.clock.now(), learner.index
-    failure = self.remove(learner, FAILED)
-    self.log().fault("program_error", m, now, why)
+    failure = self.remove(learner, FAILED, "program_error", why, how=False)  # (`why` names the error)
     hint = "" if multislice.installed() else f" (only {multislice.EXTRA} recognises real lost slices)"
     logging.error("learner %d stopped for good at t=%.1f by a program error, which is no lost slice and is not "
                   "retried%s: %s", m, now, hint, why)
     if all(l.status in (FAILED, ABSENT) for l in self.learners):
-      stops = [f"learner {f['learner']} ({f['detail']})" for f in self.log().faults if f["fault"] == "program_error"]
+      stops = [f"learner {f['learner']} ({f['detail']})" for f in self.log.faults if f["fault"] == "program_error"]
       raise ProgramError(f"no learner is left to train: every one stopped on a program error{hint}: "
                          + "; ".join(stops)) from error
     self._policy.stopped(learner, failure)
-    self.maybe_merge()
 
   # Repairs and returns -----------------------------------------------------------------------------
 
@@ -245,7 +247,7 @@ class SliceLifecycle:
     """The lent slice runs the learner; False if it is in repair (the learner waits for it, down)."""
     self.lent[slice_index] = learner.index
     if self.pool.is_repairing(slice_index):  # it failed while it was not ours
-      learner.set_status(DOWN, self.clock.now())
+      learner.await_repair(self.clock.now())
       return False
     return True
 
@@ -290,80 +292,18 @@ class SliceLifecycle:
     if self.injector is not None:
       injection.settle(self.injector, [self.devices[s] for s in self.pool.take_crashed()])
 
-  def snapshot(self) -> dict:
-    return dict(pool=self.pool.snapshot(), crashes=self.crashes.snapshot())
+  def lendable(self) -> list[int]:
+    """The slices that may be lent and are not lent now."""
+    first = self.run.num_slices
+    return [s for s in range(first, first + self.run.lent_slices) if s not in self.lent]
 
-  def restore(self, saved: dict) -> None:
+  def snapshot(self, packer) -> dict:
+    """The pool, the crash plan and which learner each lent slice runs."""
+    del packer  # (plain data)
+    return dict(pool=self.pool.snapshot(), crashes=self.crashes.snapshot(), lent=sorted(self.lent.items()))
+
+  def restore(self, saved: dict, unpacker) -> None:
+    del unpacker
     self.pool.restore(saved["pool"])
     self.crashes.restore(saved["crashes"])
-
-  def lent_snapshot(self) -> list:
-    return sorted(self.lent.items())
-
-  def lent_restore(self, saved: list) -> None:
-    self.lent = {s: m for s, m in saved}
-
-
-class OneSlice:
-  """Learners of one slice: a crashed learner goes down and comes back whole on a spare or its repaired slice."""
-
-  def __init__(self, slices: SliceLifecycle):
-    self._slices = slices
-
-  def slice_crashed(self, s: int) -> None:
-    slices = self._slices
-    owner = next((l for l in slices.learners if l.slice_index == s and l.status != DOWN), None)
-    if owner is not None:
-      self.crash(owner, "slice interrupted", repair=slices.crashes.repair_of(s))
-    elif not slices.lent_slice_crashed_idle(s):
-      slices.pool.failed_idle(s)
-      slices.repair(s, slices.crashes.repair_of(s))
-
-  def learner_crashed(self, learner: Learner, slice_j: int, repair: float | None) -> None:
-    del slice_j  # its one slice
-    self.crash(learner, "scheduled crash", repair)
-
-  def crash(self, learner: Learner, why: str, repair: float | None) -> None:
-    slices = self._slices
-    now, m = slices.clock.now(), learner.index
-    failure = slices.remove(learner, DOWN)
-    why += failure.detail
-    slices.log().fault("crash", m, now, why)
-    logging.info("learner %d down at t=%.1f: %s", m, now, why)
-    slices.pool.crashed(failure.slice_index)
-    slices.repair(failure.slice_index, slices.run.faults.repair_seconds if repair is None else repair)
-    if not slices.is_lent_slice(failure.slice_index):  # a lent learner waits for its own slice's repair
-      slices.ask_for_slice(m)
-    slices.maybe_merge()
-
-  def stopped(self, learner: Learner, failure: Failure) -> None:
-    del learner
-    if not self._slices.is_lent_slice(failure.slice_index):
-      self._slices.give_back(failure.slice_index)
-
-  def rejoin(self, learner: Learner, slice_index: int) -> None:
-    """The learner comes back on a healthy slice: current Θ, fresh inner state, data after its last report.
-
-    While a report it sent before failing is still on its way, the rejoin waits for that report's
-    merge: if the syncer quarantines it, its data must be served again, so where the shard resumes
-    is only known then.
-    """
-    slices = self._slices
-    if slices.pool.is_repairing(slice_index):  # the spare failed during the swap: wait for the next slice
-      slices.pool.wait(learner.index, first=True)
-      return
-    if learner.reports_out:
-      slices.pool.hold(learner.index, slice_index)
-      return
-    slices.pool.release(learner.index)
-    learner.rejoin(slice_index, slices.devices[slice_index], slices.syncer.params, slices.syncer.version,
-                   slices.clock.now())
-    slices.log().fault("rejoin", learner.index, slices.clock.now(), f"on slice {slice_index}")
-    slices.pull_theta(learner)
-
-  def regroup_due(self, learner: Learner, kind: str) -> bool:
-    del learner, kind  # one slice: nothing to grow onto
-    return False
-
-  def settled(self) -> None:
-    pass
+    self.lent = {s: m for s, m in saved["lent"]}

@@ -27,8 +27,8 @@ takes all its slices down.
 from typing import Sequence
 
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner.learner import DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING, Learner
-from runtime.diloco.sync.messages import Failure
+from runtime.diloco.learner.learner import Failure, Learner
+from runtime.diloco.learner.lifecycle import DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING
 from runtime.diloco.slices.lifecycle import SliceLifecycle
 
 
@@ -80,13 +80,11 @@ class SeveralSlices:
         self._shrink(learner, why)
     for _ in lost:
       self._slices.ask_for_slice(m)
-    self._slices.maybe_merge()
 
   def _go_down(self, learner: Learner, why: str) -> None:
-    now, m = self._clock.now(), learner.index
-    failure = self._slices.remove(learner, DOWN)
+    m = learner.index
+    self._slices.remove(learner, DOWN, "crash", why)
     self._clock.cancel(lambda e: e.learner == m and e.kind == EventKind.RECONFIGURED)
-    self._slices.log().fault("crash", m, now, why + failure.detail)
 
   def _shrink(self, learner: Learner, why: str) -> None:
     """The learner drops the failed slice: only its part in flight is lost; it trains on after reconfig_seconds."""
@@ -94,21 +92,20 @@ class SeveralSlices:
     owned = self._pool.owned(m)
     if learner.status == DONE:  # nothing in flight and nothing to resume: it moves at once
       self._slices.regroup(learner)
-      self._slices.log().fault("shrink", m, now, f"{why}: on slices {owned} (done training)")
+      self._slices.log.fault("shrink", m, now, f"{why}: on slices {owned} (done training)")
       return
     # (A part that completed as the slice failed is kept, its work reported with the next part's: nothing lost.)
-    resume = learner.inflight.kind if learner.inflight is not None else ""
+    resume = learner.resume_kind()
     was_reconfiguring = learner.status == RECONFIGURING
     failure = learner.lose_part(now)
     self._slices.crashes.fired(m)
     if self._slices.injector:
       self._slices.injector.disarm(m)
     self._clock.cancel(lambda e: e.learner == m and e.kind == EventKind.PART_DONE)
-    self._slices.write_off(failure.unmerged_tokens)
-    self._slices.ledger.lost(failure.lost_seconds)
     detail = failure.detail + self._slices.take_detail(m)
-    self._slices.log().fault("shrink", m, now, f"{why}{detail}: on slices {owned} of "
-                             f"{self._run.slices_per_learner}, {failure.unmerged_tokens} tokens in flight lost")
+    self._slices.budget.lose(failure.unmerged_tokens, failure.lost_seconds, (
+        "shrink", m, f"{why}{detail}: on slices {owned} of {self._run.slices_per_learner}, "
+        f"{failure.unmerged_tokens} tokens in flight lost"))
     if not was_reconfiguring:  # (one under way moves onto the slices it holds when it ends)
       self._clock.after(self._run.faults.reconfig_seconds, Event(EventKind.RECONFIGURED, m, resume))
 
@@ -137,7 +134,7 @@ class SeveralSlices:
     elif learner.status == WAITING:
       self._expand(learner, "")
     elif learner.status == RECONFIGURING:
-      self._slices.log().fault("expand", m, now, f"onto slices {self._pool.owned(m)} of "
+      self._slices.log.fault("expand", m, now, f"onto slices {self._pool.owned(m)} of "
                                f"{self._run.slices_per_learner}: slice {slice_index} joins the reconfiguration "
                                "under way")
 
@@ -145,8 +142,8 @@ class SeveralSlices:
     """The learner moves onto all the slices it holds, after reconfig_seconds; then resumes (`resume`: the part
     kind it was about to dispatch, or '' to adopt Θ or wait for it)."""
     owned = self._pool.owned(learner.index)
-    learner.set_status(RECONFIGURING, self._clock.now())
-    self._slices.log().fault("expand", learner.index, self._clock.now(),
+    learner.reconfigure(self._clock.now())
+    self._slices.log.fault("expand", learner.index, self._clock.now(),
                              f"onto slices {owned} of {self._run.slices_per_learner}")
     self._clock.after(self._run.faults.reconfig_seconds, Event(EventKind.RECONFIGURED, learner.index, resume))
 
@@ -165,7 +162,7 @@ class SeveralSlices:
       return
     now, syncer = self._clock.now(), self._slices.syncer
     learner.rejoin(tuple(owned), [self._slices.devices[s] for s in owned], syncer.params, syncer.version, now)
-    self._slices.log().fault("rejoin", learner.index, now, f"on slices {owned}")
+    self._slices.log.fault("rejoin", learner.index, now, f"on slices {owned}")
     self._slices.pull_theta(learner)
 
   def settled(self) -> None:

@@ -1,12 +1,10 @@
-"""What learners and the syncer send each other (a Report up, a Delivery of Θ down), and a learner's own records:
-the parts of a round it dispatched, and what a failure cost it."""
+"""What learners and the syncer send each other: a Report up, a Delivery of Θ down, and how checkpoints save them."""
 
 import dataclasses
 from typing import Any
 
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.config.fragment_plan import WHOLE
-from runtime.train.programs import TrainState
 from runtime.wire import payload as payload_lib
 
 PyTree = Any
@@ -75,34 +73,3 @@ def _unpack(kind: type, unpacker: snapshot_lib.Unpacker, body: dict) -> Report |
 # How checkpoints save the messages (runtime/checkpoint/snapshot.py): reports and deliveries under their own tags.
 CODECS = tuple(snapshot_lib.Codec(kind, tag, _pack, lambda unpacker, body, kind=kind: _unpack(kind, unpacker, body))
                for kind, tag in ((Report, "report"), (Delivery, "delivery")))
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundPart:
-  """A dispatched part of a round: its futures and what it consumed."""
-
-  kind: str  # "main": ends in a report; "overlap": trains while the report syncs
-  steps: int
-  tokens: int
-  started_at: float
-  modeled_seconds: float  # 0 when time is not modeled (real clock)
-  state: TrainState
-  metrics: dict
-  failure: str = ""  # the device error of a program that failed before it was awaited, raised when it is
-  queued_seconds: float = 0.0  # modeled time it waits behind the learner's parts ahead of it (parts_in_flight > 1)
-
-  def ends_at(self, seconds_per_step: float, ahead_ends_at: float = 0.0) -> float:
-    """When the part finishes: modeled, or estimated from a typical step time (and when the part ahead ends)."""
-    if self.modeled_seconds:
-      return self.started_at + self.queued_seconds + self.modeled_seconds
-    return max(self.started_at, ahead_ends_at) + self.steps * seconds_per_step
-
-
-@dataclasses.dataclass(frozen=True)
-class Failure:
-  """What a learner's crash cost: its slice, the device error, and the work that never reached Θ."""
-
-  slice_index: int
-  detail: str  # ", awaiting its round: ..." or similar, appended to the crash's cause
-  unmerged_tokens: int  # tokens trained (or in flight) since the last report
-  lost_seconds: float  # busy slice time since its last report
