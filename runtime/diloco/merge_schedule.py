@@ -1,14 +1,9 @@
 """When merges run, and what follows each: one at a time, in the merge worker's thread, once a fragment's quorum and
 grace window allow; then Θ committed, every report answered and Θ sent down.
 
-The syncer decides whether a fragment's reports make a quorum and how long its grace window is; this object
-schedules, starts and finishes the merges (the event loop checks for a ready quorum after every event). With P > 1
-fragments, a fragment whose quorum is reached while another fragment's merge is scheduled or running waits for that
-merge to finish (its reports keep waiting in the syncer).
-
-The worker, not the controller, waits for the host: it copies each report's tensors from its learner's slice to the
-host (the learner enqueued that copy's source behind its part and went on), merges, and lays the new Θ out on each
-merged learner's slices, so that adopting it is one program the controller enqueues. It times each stage.
+The syncer decides whether a fragment's reports make a quorum and how long its grace window is; the event loop asks
+here after every event. The worker, not the controller, waits for the host: the reports' copies, the merge, and Θ
+laid out on each merged learner's slices, each stage timed.
 """
 
 import concurrent.futures

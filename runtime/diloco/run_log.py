@@ -179,7 +179,7 @@ class RunLog:
     """Under the real clock: the run's seconds (from its first part) and the mean wall seconds of an inner step."""
     if self.run.clock.kind != "real":
       return {}
-    steps, busy = sum(l.book.total_steps for l in learners), sum(l.book.busy_seconds for l in learners)
+    steps, busy = sum(l.total_steps for l in learners), sum(l.busy_seconds for l in learners)
     return dict(run_seconds=now, step_seconds=busy / steps if steps else math.nan)
 
 

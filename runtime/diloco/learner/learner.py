@@ -87,6 +87,7 @@ class Learner:
   completions = property(lambda self: self.book.completions)
   intervals = property(lambda self: self.book.intervals)
   total_steps = property(lambda self: self.book.total_steps)
+  busy_seconds = property(lambda self: self.book.busy_seconds)
   inflight = property(lambda self: self.parts[0] if self.parts else None)  # the oldest part in flight
   device = property(lambda self: self.parts.device)  # when its parts ran
   # With overlap steps a main part copies its (whole, uncompressed) report itself: see ReportCapture

@@ -1,13 +1,8 @@
 """A learner's report taken on its slice before the part after it is enqueued, and sent when its part has finished.
 
-The part that ends in a report and the part queued behind it share the state, which the second donates: the
-report's tensors are taken first, as a fresh copy on the slice (or quantized there under compression). A main part
-makes that copy itself where it can (a whole report, uncompressed): the copy is held with the state the part ended
-in, and taken only while the learner's state is still that one. Without overlap steps no part is queued behind a
-report's part before the Θ that answers it replaces the reported tensors, so the report is those tensors: no copy.
-Nothing waits: the merge worker copies them to the host, and a compressed report's payload is packed only when its
-part has finished. A checkpoint taken in between keeps them (a held copy it leaves out: the restored learner copies
-the report itself).
+The part queued behind a report's part donates the state they share, so the report's tensors are taken first: a
+fresh copy on the slice (or quantized there), made by the main part itself where it can, or no copy at all when no
+part is queued behind it. Nothing waits: the merge worker copies them to the host.
 """
 
 from typing import Any

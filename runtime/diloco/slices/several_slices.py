@@ -1,27 +1,9 @@
-"""Learners of several slices (slices_per_learner = k > 1): a slice of theirs lost, a slice given to them, and their
-moves between sets of slices.
+"""Learners of several slices (slices_per_learner = k > 1): the slice lifecycle's policy for a slice of theirs lost, a
+slice given to them, and their moves between sets of slices.
 
-`SeveralSlices` is the policy of the slice lifecycle (runtime/diloco/slices/lifecycle.py) for k > 1. The slice pool
-keeps the healthy slices each such learner holds (`owned`): those it trains on, and while it is down or about to
-grow, those kept for it. For every slice it loses the learner asks for one
-back: a spare (after faults.spare_swap_seconds), or else the next slice repaired. When one of its slices fails,
-faults.learner_recovery decides, with the goodput simulator's meaning of the same option (runtime/sim/model.py):
-
-- "reconfigure": the learner trains on without the failed slice. It loses only the part of its round in flight
-  (the simulator's in-flight step: a part is the smallest unit of work this runtime dispatches); that part's data is
-  served again and its tokens go back into the budget. It keeps the state it had before that part (its round
-  program leaves its input intact: see `placement`), its round, its report on its way and the work it has not
-  reported; it pays faults.reconfig_seconds, then trains on the slices left, each step taking k / slices left as
-  long (the same batch on fewer devices). A slice given back is added at its next part boundary (at once while it
-  waits for Θ), again after reconfig_seconds (the simulator charges only the drop; the runtime, as its elastic
-  data-parallel baseline does, charges the re-add too). Records: `shrink`, `expand`. A learner whose last slice
-  fails (every slice its state lives on) goes down and restarts, as below, on the first slice it holds.
-- "restart": the learner goes down as a learner of one slice does (record `crash`): its unmerged work is written
-  off; it keeps its healthy slices and comes back (`rejoin`) from the current Θ with fresh inner state once it has
-  k slices again (the simulator's hot spare: work since the last sync lost).
-
-A crash of the learner as a whole (`crash:learner=M` without slice=J, or a program error read as a lost slice)
-takes all its slices down.
+faults.learner_recovery decides what a lost slice costs, with the goodput simulator's meaning: "reconfigure" trains on
+without it (records `shrink`, then `expand` when a slice comes back), "restart" goes down and rejoins from Θ on a
+full set. The table of both, and where the runtime differs from the simulator: docs/architecture.md.
 """
 
 from typing import Sequence

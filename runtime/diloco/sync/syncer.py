@@ -1,16 +1,9 @@
 """The syncer: global parameters Θ, the outer optimizer, the quorum and the grace window, on the host CPU.
 
-Reports wait in the syncer until the quorum has reported (and, optionally, a grace window longer);
-then they are screened (non-finite or absurd deltas are quarantined, never merged), weighted by
-tokens, merged per tensor (RDA or mean), and applied as one outer step.
-
-With P > 1 fragments (runtime/config/fragment_plan.py) every report carries one fragment, and each fragment is merged on its
-own: its waiting reports reach its own quorum (K, capped at the learners able to report whose next or outstanding
-report is that fragment, so learners out of phase never deadlock it), its grace window is cut by its own reports'
-deadlines, and its outer step updates only its tensors of Θ with its own outer-optimizer state (momentum per
-fragment), from its own delta-norm average. Merges still run one at a time; one version counter numbers every
-committed merge of any fragment, and the history keeps Θ whole by version: a report's reference is its
-fragment's tensors of the Θ it started that fragment from (outer_grad_base "base"), or of the current Θ.
+Reports wait until the quorum has reported (and, optionally, a grace window longer); then they are screened
+(non-finite or absurd deltas are quarantined, never merged), weighted by tokens, merged per tensor (RDA or mean), and
+applied as one outer step. With P > 1 fragments each fragment has its own quorum, grace window and outer-optimizer
+state, and one version counter numbers every merge (docs/architecture.md, Fragments).
 """
 
 import dataclasses
