@@ -28,10 +28,9 @@ _FRAGMENT_ACCOUNTING_TEST = ("tests/integration/test_fragment_accounting.py::"
 # name: (file, text, mutated text, the test that must catch it)
 MUTATIONS = {
     "rejoin_with_own_old_theta": (
-        "runtime/diloco/slices/one_slice.py",
-        "learner.rejoin(slice_index, slices.devices[slice_index], slices.syncer.params,",
-        "learner.rejoin(slice_index, slices.devices[slice_index], "
-        "slices.syncer._history.get(learner.base_version, slices.syncer.params),",
+        "runtime/diloco/slices/lifecycle.py",
+        "learner.rejoin(where, devices, self.syncer.params,",
+        "learner.rejoin(where, devices, self.syncer._history.get(learner.base_version, self.syncer.params),",
         "tests/integration/test_faults.py::test_rejoining_learner_starts_from_the_syncers_current_theta"),
     "no_relative_quarantine": (
         "runtime/diloco/sync/syncer.py", "if ema and norm > self.cfg.quarantine_factor * ema:", "if False:",

@@ -93,7 +93,7 @@ class Membership:
       # The inner schedule stands where the run is: global batches' worth of tokens trained so far.
       learner.join_schedule(self._budget.schedule_step())
       self._log.fault("join", learner.index, now, f"on lent slice {s} for {duration:g} s")
-      self._slices.join(learner, s)
+      self._slices.start_from_theta(learner, s)
     self._clock.after(duration, Event(EventKind.RECLAIM, payload=(i, tuple(free))))
     logging.info("t=%.1f: %d slices lent (%s), %d learners present", now, len(free), free, self.members())
 

@@ -251,9 +251,13 @@ class SliceLifecycle:
       return False
     return True
 
-  def join(self, learner: Learner, slice_index: int) -> None:
-    """The learner starts on the slice from the current Θ, pulled whole."""
-    learner.rejoin(slice_index, self.devices[slice_index], self.syncer.params, self.syncer.version, self.clock.now())
+  def start_from_theta(self, learner: Learner, where: int | tuple[int, ...], record: str = "") -> None:
+    """The learner (re)starts on `where` (a slice, or a set of them) from the current Θ, pulled whole, with fresh
+    inner state; a rejoin is recorded with `record` as its detail (a join is recorded by membership)."""
+    devices = self.devices[where] if isinstance(where, int) else [self.devices[s] for s in where]
+    learner.rejoin(where, devices, self.syncer.params, self.syncer.version, self.clock.now())
+    if record:
+      self.log.fault("rejoin", learner.index, self.clock.now(), record)
     self.pull_theta(learner)
 
   def reclaim(self, slice_index: int) -> int:

@@ -60,10 +60,7 @@ class OneSlice:
       slices.pool.hold(learner.index, slice_index)
       return
     slices.pool.release(learner.index)
-    learner.rejoin(slice_index, slices.devices[slice_index], slices.syncer.params, slices.syncer.version,
-                   slices.clock.now())
-    slices.log.fault("rejoin", learner.index, slices.clock.now(), f"on slice {slice_index}")
-    slices.pull_theta(learner)
+    slices.start_from_theta(learner, slice_index, f"on slice {slice_index}")
 
   def regroup_due(self, learner: Learner, kind: str) -> bool:
     del learner, kind  # one slice: nothing to grow onto

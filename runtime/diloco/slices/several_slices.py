@@ -142,10 +142,7 @@ class SeveralSlices:
     enough = self._run.slices_per_learner if self._run.faults.learner_recovery == "restart" else 1
     if len(owned) < enough or learner.reports_out:
       return
-    now, syncer = self._clock.now(), self._slices.syncer
-    learner.rejoin(tuple(owned), [self._slices.devices[s] for s in owned], syncer.params, syncer.version, now)
-    self._slices.log.fault("rejoin", learner.index, now, f"on slices {owned}")
-    self._slices.pull_theta(learner)
+    self._slices.start_from_theta(learner, tuple(owned), f"on slices {owned}")
 
   def settled(self) -> None:
     """After a merge: learners that were down only for their reports' verdicts rejoin."""
