@@ -201,6 +201,35 @@ MUTATIONS = {
         "      for block in iter(lambda: f.read(1 << 20), b\"\"):\n        sha.update(block)\n",
         "      sha.update(f.read(1 << 20))\n",
         "tests/integration/test_checkpoint.py::test_a_byte_flipped_deep_inside_a_large_file_makes_the_checkpoint_skipped"),
+    # The owners of redesign III
+    "failed_learner_may_wait_again": (
+        "runtime/diloco/learner/lifecycle.py", "    FAILED: {DONE},  # never again", "    FAILED: {DONE, WAITING},",
+        "tests/unit/test_learner_book.py::test_a_move_outside_the_lifecycles_table_is_refused_naming_both_statuses"),
+    "lost_tokens_wake_no_finished_learner": (
+        "runtime/diloco/budget.py", "        learner.wait(self._clock.now())\n", "",
+        "tests/unit/test_rounds.py::"
+        "test_lost_tokens_go_back_into_the_budget_and_a_finished_learner_pulls_theta_to_train_them"),
+    "lost_tokens_never_back_in_the_budget": (
+        "runtime/diloco/budget.py", "    self.tokens_dispatched -= tokens\n", "",
+        "tests/unit/test_rounds.py::"
+        "test_lost_tokens_go_back_into_the_budget_and_a_finished_learner_pulls_theta_to_train_them"),
+    "a_part_left_unrestored": (
+        "runtime/diloco/durability.py", "      part.restore(meta[key], unpacker)",
+        "      part.restore(meta[key], unpacker) if key != \"log\" else None",
+        "tests/unit/test_durability.py::test_a_checkpoint_hands_every_part_its_own_saved_state_back"),
+    "first_layout_loses_the_lent_slices": (
+        "runtime/diloco/durability.py", 'lent=membership["lent"])', "lent=[])",
+        "tests/unit/test_durability.py::"
+        "test_a_checkpoint_of_the_first_layout_resumes_with_each_owners_state_under_its_key"),
+    "lent_map_not_saved": (
+        "runtime/diloco/slices/lifecycle.py", "lent=sorted(self.lent.items()))", "lent=[])",
+        "tests/unit/test_membership_lends.py::"
+        "test_the_lent_slices_and_the_traces_drawn_survive_a_snapshot_each_with_its_owner"),
+    "stop_saves_a_running_merge": (
+        "runtime/diloco/controller.py", "      if preemption.requested() and self.merges.state != RUNNING:",
+        "      if preemption.requested():",
+        "tests/integration/test_preemption.py::"
+        "test_a_sigterm_while_a_merge_runs_stops_once_it_is_done_and_the_resumed_run_ends_bit_identical"),
 }
 
 
