@@ -115,7 +115,8 @@ MUTATIONS = {
         _RESUME_TEST),
     "resume_forgets_a_link_fault": (
         "runtime/network/links.py", 'self._faults = {m: (until, mode) for m, until, mode in saved["faults"]}', "pass",
-        _RESUME_TEST),
+        "tests/unit/test_links.py::"
+        "test_links_restored_from_a_snapshot_keep_delaying_and_dropping_reports_until_each_fault_ends"),
     "resume_forgets_a_failed_program_in_flight": (
         "runtime/diloco/learner/parts.py", 'failure = saved["failure"] or failure', "failure = failure",
         _RESUME_TEST),

@@ -1,11 +1,15 @@
 """Regions and links: a transfer's modeled time on its path, the queue on a shared inter-region link, bytes."""
 
+import json
+
 import pytest
 
 from runtime.config import run as config_lib
 from runtime.config.run import RunConfig, with_fields
 from runtime.errors import ConfigError
 from runtime.config.network import LinksConfig, active, region_of
+from runtime.experiments import modes
+from runtime.network.links import Links
 from runtime.network.paths import Paths, peak_in_flight
 
 
@@ -57,3 +61,15 @@ def test_peak_in_flight_counts_overlapping_and_queued_transfers():
   transfers = [(0, 0.0, 2.0, 100), (1, 1.0, 3.0, 50), (0, 2.0, 4.0, 30), (1, 5.0, 6.0, 70)]
   assert peak_in_flight(transfers) == (130, 180)  # learner 0 at t=2 (ends are inclusive); all at t=2
   assert peak_in_flight([]) == (0, 0)
+
+
+def test_links_restored_from_a_snapshot_keep_delaying_and_dropping_reports_until_each_fault_ends(tiny_config):
+  """Regression (the resume test missed it): a link fault under way is part of a checkpoint."""
+  run = modes.prepare(tiny_config)
+  links = Links(run, lambda num_bytes: 0.5, [100])
+  links.fail(1, until=10.0, mode="drop")
+  links.fail(2, until=10.0, mode="delay")
+  again = Links(run, lambda num_bytes: 0.5, [100])
+  again.restore(json.loads(json.dumps(links.snapshot())))
+  assert again.send_up(1, 4.0) is None and again.send_up(2, 4.0) == pytest.approx(0.5 + 6.0)
+  assert again.send_up(1, 11.0) == again.send_up(2, 11.0) == pytest.approx(0.5)
