@@ -75,7 +75,7 @@ def transformer_shapes(params: int) -> dict[str, Any]:
   return {"params": {"embed": {"embedding": (VOCAB, width)}, **layers}}
 
 
-def _is_shape(node: Any) -> bool:
+def is_shape(node: Any) -> bool:
   """Returns whether a node of a shape tree is a shape, i.e. a leaf."""
   return isinstance(node, tuple)
 
@@ -90,7 +90,7 @@ def random_deltas(shapes: dict[str, Any], learners: int, seed: int) -> list[PyTr
     host -= 0.5
     return jax.device_put(host, cpu)
 
-  return [jax.tree.map(leaf, shapes, is_leaf=_is_shape) for _ in range(learners)]
+  return [jax.tree.map(leaf, shapes, is_leaf=is_shape) for _ in range(learners)]
 
 
 def _timed(fn: Callable[[], Any]) -> float:

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from runtime.bench import startup
+from runtime.bench import syncer_memory
 from runtime.bench import throughput as bench
 from runtime.errors import ConfigError
 
@@ -67,3 +68,20 @@ def test_startup_bench_warm_cache_compiles_nothing_and_ends_in_the_same_theta(ti
   rows_printed = [line.split()[:4] for line in out.splitlines() if line.startswith("  2 ")]
   assert rows_printed.count(["2", "2", "plain", "warm"]) == 2  # as measured, and in the final table
   assert "at M=32: not measured" in out
+
+
+@pytest.mark.parametrize("down", ["none", "int4"])
+def test_the_syncer_holds_a_copy_of_theta_per_learner_in_its_history_mirrors_and_landed_reports_today(down):
+  """The syncer bench's figures for today's syncer: Θ and momentum 4 bytes per parameter each; Θ's history one fp32
+  copy per staggered learner (K = 1), one mirror per learner with Θ compressed down, and a merge of all M lands M
+  reports on the host."""
+  result = syncer_memory.run(syncer_memory.SyncerBenchConfig(params=60_000, learners=4, down=down, rounds=2))
+  assert result.per_param("theta") == result.per_param("momentum") == 4.0
+  assert result.per_param("history") == result.per_param("reports") == 4.0 * 4
+  assert result.per_param("mirrors") == (16.0 if down != "none" else 0.0)
+  assert len(result.merge_seconds) == 8 and "| 4 | " + down in syncer_memory.table([result])
+
+
+def test_syncer_bench_config_names_the_bad_field():
+  with pytest.raises(ConfigError, match="learners"):
+    syncer_memory.SyncerBenchConfig(learners=0)

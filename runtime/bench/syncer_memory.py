@@ -1,0 +1,130 @@
+"""Benchmark: the syncer's memory, measured on its real structures, and its merge time.
+
+The syncer (runtime/diloco/sync/syncer.py) is built for a decoder of about `params` parameters (fp32 on the host CPU
+device) and run in the steady state of quorum K = 1: M learners report in turn, each from the Θ it last received, so
+they stand at M staggered versions. Each structure's bytes are counted by array identity (an array held by two
+structures counts once, in the first): Θ, the outer momentum, Θ's history, the mirrors of Θ down (compression.down),
+and the reports of a merge of all M on the host (what a merge with K = M lands there at once).
+"""
+
+import dataclasses
+import statistics
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from runtime.bench.merge import is_shape, transformer_shapes
+from runtime.cluster import devices as devices_lib
+from runtime.config.run import OuterConfig
+from runtime.diloco.sync.messages import Report
+from runtime.diloco.sync.syncer import Syncer
+from runtime.errors import ConfigError
+from runtime.wire.config import CompressionConfig
+from runtime.wire.downlink import NO_MIRROR, Mirrors
+
+PyTree = Any
+STRUCTURES = ("theta", "momentum", "history", "mirrors", "reports")
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncerBenchConfig:
+  """The model size, the learners and the settings measured."""
+
+  params: int = 4_000_000  # Model size the tensors total (real arrays: every structure is allocated).
+  learners: int = 8  # M, reporting in turn with K = 1.
+  down: str = "none"  # compression.down: "none" or a codec ("int8", "int4", ...): one mirror per learner.
+  fragments: int = 1  # P: each report carries one fragment, in turn.
+  rounds: int = 3  # Reports per learner before the count (the history fills in M merges).
+
+  def __post_init__(self) -> None:
+    for field in ("params", "learners", "fragments", "rounds"):
+      if getattr(self, field) < 1:
+        raise ConfigError(field, getattr(self, field), "an integer >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncerBenchResult:
+  """Bytes held by each structure, the model's parameters, and the seconds of each merge."""
+
+  config: SyncerBenchConfig
+  num_params: int
+  bytes: dict[str, int]
+  merge_seconds: list[float]
+
+  def per_param(self, structure: str | None = None) -> float:
+    """Bytes per parameter of one structure, or of them all."""
+    held = self.bytes[structure] if structure else sum(self.bytes.values())
+    return held / self.num_params
+
+
+def _model(params: int, seed: int = 0) -> PyTree:
+  """A decoder's tensors of about `params` entries, random fp32 on the host CPU device."""
+  rng, host = np.random.default_rng(seed), devices_lib.host_device()
+  leaf = lambda shape: jax.device_put(rng.standard_normal(shape, np.float32) * 0.02, host)
+  return jax.tree.map(leaf, transformer_shapes(params), is_leaf=is_shape)
+
+
+def _held(trees: dict[str, list[PyTree]]) -> dict[str, int]:
+  """Bytes of each structure's arrays, each array counted once (in the first structure that holds it)."""
+  seen, held = set(), {}
+  for name, group in trees.items():
+    held[name] = 0
+    for x in (leaf for tree in group for leaf in jax.tree.leaves(tree)):
+      if id(x) not in seen:
+        seen.add(id(x))
+        held[name] += x.nbytes
+  return held
+
+
+def run(config: SyncerBenchConfig) -> SyncerBenchResult:
+  """Runs K = 1 merges of M learners in turn until each has reported `rounds` times, then counts what is held."""
+  m_count, theta = config.learners, _model(config.params)
+  compression = CompressionConfig(down=config.down)
+  mirrors = Mirrors(compression, theta) if config.down != "none" else None
+  syncer = Syncer(dataclasses.replace(OuterConfig(), quorum=1), theta, m_count, mirrors=mirrors,
+                  fragments=config.fragments)
+  syncer.compile_merges()
+  step = jax.jit(lambda tree: jax.tree.map(lambda x: x - 1e-3, tree))  # a learner's progress since its base
+  held = {m: (NO_MIRROR, 0) for m in range(m_count)}  # learner -> (mirror, version) of the Θ it holds
+  seconds = []
+
+  def report(m: int, n: int) -> Report:
+    mirror, version = held[m]
+    stub = Report(m, None, 1, 1, version, 0.0, 0.0, base_mirror=mirror)
+    fragment = n % config.fragments
+    local = syncer.trees.part(step(syncer.base(stub)), fragment)
+    return dataclasses.replace(stub, params=local, sent_at=float(n), fragment=fragment, total_steps=n)
+
+  for n in range(config.rounds * m_count):
+    m = n % m_count
+    syncer.receive(report(m, n))
+    start = time.perf_counter()
+    result = syncer.compute(syncer.take_pending(), m_count)
+    jax.block_until_ready(result.params)
+    seconds.append(time.perf_counter() - start)
+    syncer.commit(result, [v for _, v in held.values()])
+    answer = syncer.answer(Report(m, None, 1, 1, held[m][1], 0.0, 0.0, base_mirror=held[m][0]), "merged")
+    held[m] = (answer.mirror, answer.version) if answer.payload is not None else (NO_MIRROR, answer.version)
+  landed = [report(m, n) for n, m in enumerate(range(m_count))]  # a merge of all M, on the host at once
+  mirrored = [tree for _, tree in syncer.mirrors._held.values()] if syncer.mirrors else []  # pylint: disable=protected-access
+  bytes_held = _held(dict(theta=[syncer.params], momentum=[syncer.opt_state],
+                          history=list(syncer._history.values()), mirrors=mirrored,  # pylint: disable=protected-access
+                          reports=[r.params for r in landed]))
+  num_params = sum(x.size for x in jax.tree.leaves(theta))
+  return SyncerBenchResult(config, num_params, bytes_held, seconds)
+
+
+def table(results: list[SyncerBenchResult]) -> str:
+  """A Markdown table: bytes per parameter by structure and in all, the merge time, and 9B × M extrapolated."""
+  head = ("| M | down | P | params | " + " | ".join(STRUCTURES) + " | all (B/param) | merge ms (median) | "
+          "9B model (GB) |\n|" + "---|" * (7 + len(STRUCTURES)) + "\n")
+  rows = []
+  for r in results:
+    c = r.config
+    cells = [f"{r.per_param(s):.2f}" for s in STRUCTURES]
+    rows.append(f"| {c.learners} | {c.down} | {c.fragments} | {r.num_params:,} | " + " | ".join(cells) +
+                f" | {r.per_param():.2f} | {1e3 * statistics.median(r.merge_seconds[c.learners:]):.1f} | "
+                f"{r.per_param() * 9e9 / 1e9:,.0f} |")
+  return head + "\n".join(rows) + "\n"
