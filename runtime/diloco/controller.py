@@ -80,7 +80,7 @@ class Controller:
     self.merges = MergeSchedule(run, self.clock, self.learners, self.syncer, self.links, self.budget, self.log,
                                 self.slices, self.host_sharding)
     self.rounds = Rounds(run, self.clock, self.learners, self.syncer, self.links, self.budget, post, self.log,
-                         self.slices, self.merges)
+                         self.slices)
     self.membership = Membership(run, self.clock, self.learners, self.budget, self.slices, data_service, self.log)
     treedefs = dict(params=jax.tree.structure(theta), outer=jax.tree.structure(self.syncer.opt_state),
                     **{f"params/{p}": jax.tree.structure(self.syncer.trees.part(theta, p))

@@ -54,10 +54,6 @@ class MergeSchedule:
                       if r.fragment == fragment]
     return self._syncer.grace_seconds(now, needs_theta_at)
 
-  def receive(self, report: Report) -> None:
-    """A report reached the syncer: it waits there for its fragment's merge (the loop's merge check follows)."""
-    self._syncer.receive(report)
-
   def maybe_merge(self) -> None:
     """Schedules the merge of a fragment whose quorum is ready, unless a merge is scheduled or running."""
     if self.state != IDLE:

@@ -15,7 +15,6 @@ from runtime.diloco.clock import Event, EventKind
 from runtime.diloco.learner.learner import ADOPT, AFTER_REPORT, Learner
 from runtime.diloco.learner.lifecycle import RECONFIGURING, TRAINING, WAITING
 from runtime.diloco.learner.parts import RoundPart
-from runtime.diloco.merge_schedule import MergeSchedule
 from runtime.diloco.profiling import annotate
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.slices.lifecycle import SliceLifecycle
@@ -40,10 +39,10 @@ class Rounds:
   """Dispatches the learners' parts within the budget, sends their reports up, and hands them the Θ that arrives."""
 
   def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], syncer: Syncer, links: Links,
-               budget: Budget, post: ThetaPost, log: RunLog, slices: SliceLifecycle, merges: MergeSchedule):
+               budget: Budget, post: ThetaPost, log: RunLog, slices: SliceLifecycle):
     self._run, self._clock, self._learners, self._syncer, self._links = run, clock, learners, syncer, links
     self._budget, self._post, self._log = budget, post, log
-    self._slices, self._merges = slices, merges
+    self._slices = slices
     self._depth = queue_depth(run)
 
   # Dispatch ----------------------------------------------------------------------------------------
@@ -164,7 +163,7 @@ class Rounds:
 
   def on_report_arrived(self, event: Event) -> None:
     self._budget.report_arrived()
-    self._merges.receive(event.payload)
+    self._syncer.receive(event.payload)  # it waits for its fragment's merge (the loop's merge check follows)
 
   def on_report_timeout(self, event: Event) -> None:
     """A learner whose report was lost pulls the current Θ (charged on its path) and trains that data again."""

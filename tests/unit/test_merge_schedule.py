@@ -44,9 +44,9 @@ def _schedule(tiny_config, quorum=2):
   return schedule, clock, syncer, learners, log
 
 
-def _arrive(merges, report):
-  """A report reaches the syncer, and the event loop checks for a ready quorum after it."""
-  merges.receive(report)
+def _arrive(merges, syncer, report):
+  """A report reaches the syncer (Rounds hands it over), and the event loop checks for a ready quorum after it."""
+  syncer.receive(report)
   merges.maybe_merge()
 
 
@@ -57,18 +57,18 @@ def _report(m):
 def test_exactly_one_merge_runs_at_a_time_and_the_next_is_scheduled_when_a_quorum_is_ready(tiny_config):
   merges, clock, syncer, learners, log = _schedule(tiny_config)
   reports = [_report(m % 4) for m in range(5)]
-  _arrive(merges, reports[0])
+  _arrive(merges, syncer, reports[0])
   assert merges.state == IDLE and not clock.pending()  # one report: no quorum
-  _arrive(merges, reports[1])
+  _arrive(merges, syncer, reports[1])
   assert merges.state == SCHEDULED and clock.pending() == 1  # due after the grace window
-  _arrive(merges, reports[2])
+  _arrive(merges, syncer, reports[2])
   assert clock.pending() == 1  # a merge is scheduled already
   at, due = clock.next_event()
   assert (at, due.kind) == (1.0, EventKind.MERGE_DUE)
   merges.on_merge_due(due)
   assert merges.state == RUNNING and syncer.pending == []
-  _arrive(merges, reports[3])
-  _arrive(merges, reports[4])
+  _arrive(merges, syncer, reports[3])
+  _arrive(merges, syncer, reports[4])
   assert clock.pending() == 1  # only the running merge's completion: the quorum waits for it
   at, done = clock.next_event()
   assert done.kind == EventKind.MERGE_DONE

@@ -26,14 +26,6 @@ class _Links:
     return 3.0
 
 
-class _Merges:
-  def __init__(self):
-    self.received = []
-
-  def receive(self, report):
-    self.received.append(report)
-
-
 def _rounds(tiny_config, drop=False):
   run = modes.prepare(tiny_config)
   clock = make_clock(run.clock, run.learners, run.seed)
@@ -42,15 +34,15 @@ def _rounds(tiny_config, drop=False):
   slices = types.SimpleNamespace(regroup_due=lambda learner, kind: False, step_scale=lambda learner: 1.0,
                                  arm_crash=lambda learner, steps, modeled: None, failed=None,
                                  crashed_idle=lambda learner: False)
-  log, links, merges, ledger, syncer = FakeLog(), _Links(drop), _Merges(), Ledger(run.num_slices), FakeSyncer()
+  log, links, ledger, syncer = FakeLog(), _Links(drop), Ledger(run.num_slices), FakeSyncer()
   post = ThetaPost(clock, links)
   budget = Budget(run, clock, learners, syncer, post, ledger, log)
-  rounds = Rounds(run, clock, learners, syncer, links, budget, post, log, slices, merges)
-  return types.SimpleNamespace(run=run, clock=clock, learners=learners, log=log, links=links, merges=merges,
+  rounds = Rounds(run, clock, learners, syncer, links, budget, post, log, slices)
+  return types.SimpleNamespace(run=run, clock=clock, learners=learners, log=log, links=links, syncer=syncer,
                                ledger=ledger, budget=budget, rounds=rounds)
 
 
-def test_a_round_is_dispatched_its_report_sent_and_its_arrival_handed_to_the_merge_schedule(tiny_config):
+def test_a_round_is_dispatched_its_report_sent_and_its_arrival_handed_to_the_syncer(tiny_config):
   h = _rounds(tiny_config)
   learner = h.learners[1]
   h.rounds.start_round(learner)
@@ -63,7 +55,7 @@ def test_a_round_is_dispatched_its_report_sent_and_its_arrival_handed_to_the_mer
   _, arrived = h.clock.next_event()
   assert arrived.kind == EventKind.REPORT_ARRIVED
   h.rounds.on_report_arrived(arrived)
-  assert h.budget.reports_in_transit == 0 and h.merges.received == [arrived.payload]
+  assert h.budget.reports_in_transit == 0 and h.syncer.pending == [arrived.payload]
 
 
 def test_a_part_beyond_the_token_budget_is_not_dispatched_and_its_learner_is_done(tiny_config):
