@@ -64,6 +64,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.log_every = 10
   # Shard parameters along each slice's data axis (FSDP) instead of replicating them.
   config.fsdp = False
+  config.mesh = ml_collections.ConfigDict()
+  # Tensor-parallel width inside a slice (DP: across every device): each parameter's heads, MLP or vocabulary axis
+  # is split across it (models/lm.py); the slice's other devices split the batch (and, with fsdp, the state).
+  config.mesh.tensor = 1
   # Show a progress bar (tokens, loss, tokens per second) on stderr.
   config.progress = True
   # Write TensorBoard event files under <workdir>/<run>/tb (view: tensorboard --logdir <workdir>).
@@ -86,6 +90,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.save_model_every = 0
 
   config.model = ml_collections.ConfigDict()
+  # The architecture: "gpt" (LayerNorm, GELU MLP, multi-head attention, tied embedding), "llama" (RMSNorm, SwiGLU,
+  # grouped-query attention, rotary), or a user's model as 'package.module:attribute' naming a ModelSpec
+  # (docs/model.md; `python -m launch.models` lists the sizes and their parameters).
+  config.model.kind = "gpt"
   # A named size (tiny 0.12M parameters, small 0.43M, medium 1.28M, base 3.2M, 100m); fields set below override it.
   config.model.size = "small"
   # Positions: "rotary" or "learned".
@@ -98,6 +106,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.d_model = ml_collections.config_dict.placeholder(int)
   # Attention heads; d_model / num_heads must be even (None = from model.size).
   config.model.num_heads = ml_collections.config_dict.placeholder(int)
+  # llama: key/value heads, each shared by num_heads / num_kv_heads query heads (None = from model.size; 0 = one per
+  # query head).
+  config.model.num_kv_heads = ml_collections.config_dict.placeholder(int)
+  # llama: False gives the output projection its own matrix (gpt's is always the embedding's transpose).
+  config.model.tied_embeddings = ml_collections.config_dict.placeholder(bool)
   # Hidden width of each MLP block (None = from model.size).
   config.model.mlp_dim = ml_collections.config_dict.placeholder(int)
   # Activation dtype: "float32" or "bfloat16" (parameters stay float32).

@@ -23,14 +23,14 @@ from runtime.train.programs import init_state, make_train_step
 
 def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None, name: str = "dp") -> RunResult:
   """Trains for run.total_steps at the full global batch; metrics are pulled one step late."""
-  mesh = devices_lib.slice_mesh(devices_lib.controller_devices(run.num_devices))
+  mesh = devices_lib.slice_mesh(devices_lib.controller_devices(run.num_devices), run.mesh.tensor)
   tx = inner_optimizer(run.inner, run.total_steps)
   params = jax.jit(lm.init_params, static_argnums=0, out_shardings=lm.param_shardings(run.model, mesh, run.fsdp))(
       run.model, jax.random.key(run.seed))
   state = jax.jit(lambda p: init_state(p, tx))(params)
   state_sh = jax.tree.map(lambda x: x.sharding, state)
   batch_sh = NamedSharding(mesh, P("data"))
-  step_fn = jax.jit(make_train_step(run.model, tx), in_shardings=(state_sh, batch_sh),
+  step_fn = jax.jit(make_train_step(run.model, tx, mesh=mesh), in_shardings=(state_sh, batch_sh),
                     out_shardings=(state_sh, None), donate_argnums=0)
   stream = data_lib.Prefetcher(exp.shard(0, 1, run.data.batch_size), depth=run.data.prefetch,
                                transform=lambda b: jax.device_put(b, batch_sh))

@@ -51,13 +51,13 @@ class _Programs:
   def get(self, alive: tuple[int, ...]):
     """(mesh, state shardings, jitted step) over the devices of the `alive` slices."""
     if alive not in self._cache:
-      mesh = devices_lib.slice_mesh([d for s in alive for d in self.slices[s]])
+      mesh = devices_lib.slice_mesh([d for s in alive for d in self.slices[s]], self.run.mesh.tensor)
       params_sh = lm.param_shardings(self.run.model, mesh, self.run.fsdp)
       abstract = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                               lm.abstract_params(self.run.model), params_sh)
       state_sh = jax.jit(lambda p: init_state(p, self.tx)).lower(abstract).compile().output_shardings
       hook = injection.device_check(self._injector, 0, mesh) if self._injector else None
-      step = jax.jit(make_train_step(self.run.model, self.tx, hook),
+      step = jax.jit(make_train_step(self.run.model, self.tx, hook, mesh),
                      in_shardings=(state_sh, NamedSharding(mesh, P("data"))), out_shardings=(state_sh, None),
                      donate_argnums=() if self._injector else 0)
       self._cache[alive] = (mesh, state_sh, step)

@@ -50,14 +50,20 @@ def make_slices(devices: Sequence[jax.Device], num_slices: int) -> list[list[jax
   return [list(devices[i * per_slice:(i + 1) * per_slice]) for i in range(num_slices)]
 
 
-def slice_mesh(devices: Sequence[jax.Device]) -> Mesh:
-  """A one-axis ('data') mesh over one slice's devices."""
-  return Mesh(np.asarray(devices), ("data",))
+def slice_mesh(devices: Sequence[jax.Device], tensor: int = 1) -> Mesh:
+  """A one-axis ('data') mesh over one slice's devices; with `tensor` > 1, ('data', 'tensor'), neighbouring devices
+  in one tensor-parallel group."""
+  if tensor == 1:
+    return Mesh(np.asarray(devices), ("data",))
+  return Mesh(np.asarray(devices).reshape(-1, tensor), ("data", "tensor"))
 
 
-def learner_mesh(groups: Sequence[Sequence[jax.Device]]) -> Mesh:
-  """A two-axis ('slice', 'data') mesh over a learner's slices (one row of devices per slice)."""
-  return Mesh(np.asarray(groups), ("slice", "data"))
+def learner_mesh(groups: Sequence[Sequence[jax.Device]], tensor: int = 1) -> Mesh:
+  """A two-axis ('slice', 'data') mesh over a learner's slices (one row of devices per slice); with `tensor` > 1,
+  ('slice', 'data', 'tensor')."""
+  if tensor == 1:
+    return Mesh(np.asarray(groups), ("slice", "data"))
+  return Mesh(np.asarray(groups).reshape(len(groups), -1, tensor), ("slice", "data", "tensor"))
 
 
 def host_device() -> jax.Device:

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from models.config import SIZES, ModelConfig
+from models.config import ModelConfig, presets
 from runtime.config import capacity as capacity_lib, data as data_config
 from runtime.config.data import DataConfig
 from runtime.cluster import learner_slices
@@ -101,6 +101,13 @@ class ClockConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """How a learner's slice (DP: every device) is laid out: (data, tensor)."""
+
+  tensor: int = 1  # tensor-parallel width inside a slice; the slice's other devices split the batch (and, fsdp, state)
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
   """Everything one training run needs."""
 
@@ -113,6 +120,7 @@ class RunConfig:
   capacity: capacity_lib.CapacityConfig = dataclasses.field(default_factory=capacity_lib.CapacityConfig)
   compression: wire_config.CompressionConfig = dataclasses.field(default_factory=wire_config.CompressionConfig)
   links: links_config.LinksConfig = dataclasses.field(default_factory=links_config.LinksConfig)
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
   mode: str = "decoupled"
   seed: int = 0
   num_devices: int = 8  # simulated CPU devices (ignored on real accelerators)
@@ -263,15 +271,16 @@ def _build_model(cfg: ml_collections.ConfigDict | None, data_path: str) -> Model
   """ModelConfig from an optional `size` preset plus explicit field overrides; the vocabulary, unless set, data's."""
   fields = {k: v for k, v in (cfg.to_dict() if cfg is not None else {}).items() if v is not None}  # None: preset
   size = fields.pop("size", None)
-  if size is not None and size not in SIZES:
-    raise ConfigError("model.size", size, f"one of {sorted(SIZES)}")
+  sizes = presets(fields.get("kind", "gpt"))
+  if size is not None and size not in sizes:
+    raise ConfigError("model.size", size, f"one of {sorted(sizes)} (of model.kind {fields.get('kind', 'gpt')!r})")
   fields.setdefault("vocab_size", data_manifest.vocabulary(data_path)[0])
-  return _build(ModelConfig, ml_collections.ConfigDict({**SIZES.get(size, {}), **fields}), "model.")
+  return _build(ModelConfig, ml_collections.ConfigDict({**sizes.get(size, {}), **fields}), "model.")
 
 
 SECTIONS = dict(model=ModelConfig, data=DataConfig, inner=InnerOptConfig, outer=OuterConfig, clock=ClockConfig,
                 faults=FaultConfig, capacity=capacity_lib.CapacityConfig, compression=wire_config.CompressionConfig,
-                links=links_config.LinksConfig)
+                links=links_config.LinksConfig, mesh=MeshConfig)
 
 
 def from_config_dict(cfg: ml_collections.ConfigDict) -> RunConfig:
@@ -296,6 +305,23 @@ def validate(run: RunConfig) -> None:
   """Raises ConfigError naming every field outside what it allows (ConfigErrors when there are several)."""
   with every_error():
     _validate(run)
+
+
+def _validate_model(m: ModelConfig) -> None:
+  """The model's kind and the fields that depend on it."""
+  if not m.builtin():  # imports JAX and the user's module: only when one is named
+    try:
+      importlib.import_module("models.interface").spec_of(m.kind)
+    except ValueError as error:
+      raise ConfigError("model.kind", m.kind, str(error)) from None
+  check(m.kind != "llama" or m.positions == "rotary", "model.positions", m.positions,
+        "'rotary' for model.kind 'llama'")
+  check(m.num_kv_heads >= 0 and (m.num_kv_heads == 0 or m.num_heads % m.num_kv_heads == 0), "model.num_kv_heads",
+        m.num_kv_heads, f"0 (= num_heads) or a divisor of model.num_heads ({m.num_heads})")
+  check(m.kind == "llama" or m.num_kv_heads in (0, m.num_heads), "model.num_kv_heads", m.num_kv_heads,
+        f"0 for model.kind {m.kind!r} (grouped-query attention is llama's)")
+  check(m.kind == "llama" or m.tied_embeddings, "model.tied_embeddings", m.tied_embeddings,
+        f"True for model.kind {m.kind!r} (only llama unties its output projection)")
 
 
 def _validate(run: RunConfig) -> None:
@@ -339,6 +365,7 @@ def _validate(run: RunConfig) -> None:
   check(run.checkpoint_keep >= 1, "checkpoint_keep", run.checkpoint_keep, "an integer >= 1")
   check(run.save_model_every >= 0 and (run.save_model_every == 0 or run.mode in CHECKPOINT_MODES[1:]),
         "save_model_every", run.save_model_every, f"0, or merges >= 1 in modes {CHECKPOINT_MODES[1:]}")
+  _validate_model(m)
   check(m.positions in POSITIONS, "model.positions", m.positions, f"one of {POSITIONS}")
   check(m.dtype in DTYPES, "model.dtype", m.dtype, f"one of {DTYPES}")
   for name in ("num_layers", "d_model", "num_heads", "mlp_dim", "max_len"):
@@ -366,6 +393,9 @@ def _validate(run: RunConfig) -> None:
     else:
       check((d.batch_size // groups) % (per_slice * run.slices_per_learner) == 0, "data.batch_size", d.batch_size,
             f"a multiple of learners × devices per learner ({groups} × {per_slice * run.slices_per_learner})")
+  width = run.num_devices if run.mode == "dp" else per_slice
+  check(run.mesh.tensor >= 1 and width % run.mesh.tensor == 0, "mesh.tensor", run.mesh.tensor,
+        f"a divisor of the devices per slice ({width}{' in mode dp: every device' if run.mode == 'dp' else ''})")
   check(i.lr > 0, "inner.lr", i.lr, "a float > 0")
   check(0 <= i.warmup_steps, "inner.warmup_steps", i.warmup_steps, "an integer >= 0")
   check(0 <= i.min_lr_ratio <= 1, "inner.min_lr_ratio", i.min_lr_ratio, "a float in [0, 1]")

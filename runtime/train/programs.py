@@ -8,8 +8,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jax.sharding import Mesh
+
 from models.lm import loss_fn, train_loss
 from models.config import ModelConfig
+from models.sharding import placed
 
 PyTree = Any
 
@@ -47,16 +50,18 @@ def schedule_to(state: TrainState, step: jax.Array) -> TrainState:
 
 
 def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
-                    step_hook: Callable[[jax.Array], jax.Array] | None = None) -> Callable:
+                    step_hook: Callable[[jax.Array], jax.Array] | None = None, mesh: Mesh | None = None) -> Callable:
   """(state, batch_BxT) -> (state, {loss, grad_norm}): one AdamW step.
 
-  `step_hook(step) -> step` runs first in every step (fault injection calls the host there).
+  `step_hook(step) -> step` runs first in every step (fault injection calls the host there). On a `mesh` with a
+  'tensor' axis, the model's activations are placed by their logical axes (models/sharding.py `placed`).
   """
 
   def train_step(state: TrainState, batch_BxT: jax.Array) -> tuple[TrainState, dict]:
     if step_hook is not None:
       state = state.replace(step=step_hook(state.step))
-    (_, loss), grads = jax.value_and_grad(train_loss, has_aux=True)(state.params, cfg, batch_BxT)
+    with placed(mesh):
+      (_, loss), grads = jax.value_and_grad(train_loss, has_aux=True)(state.params, cfg, batch_BxT)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
@@ -66,13 +71,14 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
 
 
 def make_round(cfg: ModelConfig, tx: optax.GradientTransformation,
-               step_hook: Callable[[jax.Array], jax.Array] | None = None, copy_params: bool = False) -> Callable:
+               step_hook: Callable[[jax.Array], jax.Array] | None = None, copy_params: bool = False,
+               mesh: Mesh | None = None) -> Callable:
   """(state, batches_HxBxT) -> (state, {loss_H, grad_norm_H}): H inner steps as one device program.
 
   With `copy_params` it also returns a copy of the final parameters that shares no buffer with the state: a report
   taken inside the part that ends in it, so that the part queued behind may donate the state.
   """
-  train_step = make_train_step(cfg, tx, step_hook)
+  train_step = make_train_step(cfg, tx, step_hook, mesh)
 
   def run_round(state: TrainState, batches_HxBxT: jax.Array) -> tuple:
     state, metrics = jax.lax.scan(train_step, state, batches_HxBxT)

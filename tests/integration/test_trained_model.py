@@ -9,7 +9,7 @@ import pytest
 
 from runtime.trained import load_model
 from launcher import launch
-from models.transformer import TransformerLM
+from models import lm
 from runtime.errors import DataError
 from runtime.experiments import modes
 from runtime.trained import evaluation, sampling, saved
@@ -72,13 +72,21 @@ def test_sampling_is_deterministic_for_a_seed_and_greedy_sampling_follows_the_fu
                        for s in (0, 0, 1))
   assert one["text"] == again["text"] and one["ids"] == again["ids"] and one["ids"] != other["ids"]
   assert one["text"].startswith("def ") and len(one["ids"]) == 40
+  forward = jax.jit(lambda p, x: lm.logits(p, cfg, x))
   prompt = "import os, sys\nfrom typing im"  # 30 tokens: the window slides past max_len = 32 at once
-  greedy = sampling.generate(cfg, params, tokenizer, prompt, tokens=8, temperature=0.0, stop_at_end=False)
-  forward = jax.jit(lambda p, x: TransformerLM(cfg).apply({"params": p}, x))
+  window = sampling.generate(cfg, params, tokenizer, prompt, tokens=8, temperature=0.0, stop_at_end=False, cache=False)
   ids = list(prompt.encode())
   for _ in range(8):  # the whole (unpadded) context each time
     ids.append(int(np.argmax(forward(params, np.asarray([ids[-cfg.max_len:]], np.int32))[0, -1])))
-  assert greedy["ids"] == ids[len(prompt):]
+  assert window["ids"] == ids[len(prompt):]
+  prompt = "import os"  # with the cache: the same tokens as the full forward pass while they fit in max_len
+  cached = sampling.generate(cfg, params, tokenizer, prompt, tokens=24, temperature=0.0, stop_at_end=False)
+  ids = list(prompt.encode())
+  for _ in range(24):
+    ids.append(int(np.argmax(forward(params, np.asarray([ids], np.int32))[0, -1])))
+  assert cached["ids"] == ids[len(prompt):] and len(ids) == cfg.max_len + 1
+  assert sampling.generate(cfg, params, tokenizer, prompt, tokens=60, seed=3, stop_at_end=False)["ids"][:24] == (
+      sampling.generate(cfg, params, tokenizer, prompt, tokens=60, seed=3, stop_at_end=False, cache=False)["ids"][:24])
   with pytest.raises(DataError, match="--prompt is 40 tokens long: allowed at most the model's max_len"):
     sampling.generate(cfg, params, tokenizer, "x" * 40, tokens=1)
 

@@ -197,6 +197,17 @@ def test_pure_parts_import_no_jax_and_nothing_of_the_runtime_beyond_what_they_ne
     assert _imports(path, modules) <= allowed, path
 
 
+def test_the_runtime_reaches_a_model_only_through_the_model_interface():
+  """runtime/ (and launch/) import models.lm, models.interface, models.config and models.sharding, never a model's own
+  module, so a user's model trains with nothing in them changed."""
+  modules = _modules()
+  interface = {"models", "models.lm", "models.interface", "models.config", "models.sharding"}
+  for name, path in modules.items():
+    if name.startswith(("runtime.", "launch.")):
+      reached = {m for m in _imports(path, set(modules)) if m.startswith("models")}
+      assert reached <= interface, f"{name} imports {sorted(reached - interface)}"
+
+
 @pytest.mark.parametrize("module", ["runtime.cli", "runtime.experiments.sweep", "runtime.config.run", "runtime.config.docs"])
 def test_the_command_line_boundary_validates_without_importing_jax(module):
   """Bad input is reported before JAX starts: nothing the boundary imports, however indirectly, imports JAX."""

@@ -2,7 +2,8 @@
 
 A learner of one slice (slices_per_learner = 1) trains on a one-axis ('data') mesh; a learner of several on a
 two-axis ('slice', 'data') mesh, its batch split over both axes, its parameters replicated across slices (and,
-with fsdp, split along 'data' within each). Such a learner that reconfigures around a lost slice
+with fsdp, split along 'data' within each). With mesh.tensor > 1 each slice's devices form ('data', 'tensor'):
+parameters split across 'tensor' by their logical axes (models/lm.py), the batch across 'data' only. Such a learner that reconfigures around a lost slice
 (faults.learner_recovery = 'reconfigure') keeps the state it had before the part in flight: its round program does
 not donate that state, at the cost of a second copy of it while a part runs.
 """
@@ -64,9 +65,9 @@ def place(learner: int, slices: tuple[int, ...], groups: Sequence[Sequence[jax.D
           injector: injection.Injector | None) -> Placement:
   """The learner's placement on `slices` (the devices of each in `groups`), its programs compiled there."""
   if run.slices_per_learner == 1:
-    mesh, batch_axes = devices_lib.slice_mesh(groups[0]), "data"
+    mesh, batch_axes = devices_lib.slice_mesh(groups[0], run.mesh.tensor), "data"
   else:
-    mesh, batch_axes = devices_lib.learner_mesh(groups), ("slice", "data")
+    mesh, batch_axes = devices_lib.learner_mesh(groups, run.mesh.tensor), ("slice", "data")
   keep = keeps_state(run)
   return Placement(slices, mesh, lm.param_shardings(run.model, mesh, run.fsdp),
                    NamedSharding(mesh, P(None, batch_axes)),
@@ -86,8 +87,8 @@ def programs(model: ModelConfig, inner: InnerOptConfig, total_steps: int, checke
   per_step = checked and mesh.devices.size > 1
   hook = injection.device_check(injection.ROUTER, checked_learner, mesh) if per_step else None
   donate = () if keep else 0
-  rounds = (jax.jit(make_round(model, tx, hook), donate_argnums=donate),
-            jax.jit(make_round(model, tx, hook, copy_params=True), donate_argnums=donate))
+  rounds = (jax.jit(make_round(model, tx, hook, mesh=mesh), donate_argnums=donate),
+            jax.jit(make_round(model, tx, hook, copy_params=True, mesh=mesh), donate_argnums=donate))
   if checked and not per_step:
     gate = _end_check(checked_learner, mesh)
     rounds = tuple(_checked_at_end(program, gate) for program in rounds)
