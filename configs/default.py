@@ -177,6 +177,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Outer momentum, and whether it is Nesterov momentum.
   config.outer.momentum = 0.6
   config.outer.nesterov = True
+  # "merge": the momentum decays by outer.momentum at every merge; "round": a merge of n of M learners decays it by
+  # outer.momentum^(n/M), so by outer.momentum per M reports merged, as in one synchronous round (K < M merges
+  # of one learner then keep the momentum a synchronous run has; docs/results/scaling.md).
+  config.outer.momentum_per = "merge"
   # K: merge as soon as this many learners have reported.
   config.outer.quorum = 1
   # Per-tensor merge: "rda" (radial-directional averaging) or "mean".

@@ -31,6 +31,7 @@ MERGE_METHODS = ("rda", "mean")  # per tensor: radial-directional averaging, or 
 RECEIVE_MODES = ("carry", "overwrite", "mix")  # what happens to overlap steps when Θ arrives
 OUTER_GRAD_BASES = ("current", "base")
 OUTER_SCALES = ("fraction", "none")
+MOMENTUM_PER = ("merge", "round")
 POSITIONS = ("rotary", "learned")
 DTYPES = ("float32", "bfloat16")
 # Fields that change nothing a run computes (its records and results): they are not part of a run's name, and a run
@@ -68,6 +69,9 @@ class OuterConfig:
   lr: float = 0.7
   momentum: float = 0.9
   nesterov: bool = True
+  # "merge": the momentum decays by `momentum` at every merge; "round": a merge of n of M learners decays it by
+  # momentum^(n/M), so by `momentum` per M reports merged, as one synchronous round does, whatever the quorum
+  momentum_per: str = "merge"
   quorum: int = 1
   merge: str = "rda"
   embed_mean: bool = True  # embeddings use the plain weighted mean under RDA
@@ -406,6 +410,7 @@ def _validate(run: RunConfig) -> None:
         "one of ('learner', 'run')")
   check(o.lr > 0, "outer.lr", o.lr, "a float > 0")
   check(0 <= o.momentum < 1, "outer.momentum", o.momentum, "a float in [0, 1)")
+  check(o.momentum_per in MOMENTUM_PER, "outer.momentum_per", o.momentum_per, f"one of {MOMENTUM_PER}")
   check(1 <= o.quorum <= run.learners, "outer.quorum", o.quorum, f"an integer in [1, learners={run.learners}]")
   check(o.merge in MERGE_METHODS, "outer.merge", o.merge, f"one of {MERGE_METHODS}")
   check(o.outer_grad_base in OUTER_GRAD_BASES, "outer.outer_grad_base", o.outer_grad_base,

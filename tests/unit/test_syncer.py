@@ -31,6 +31,29 @@ def test_a_merge_of_one_of_four_learners_is_a_quarter_outer_step():
   np.testing.assert_allclose(quarter.params["w"], [1.0, 0.0, -2.0])
 
 
+def _momentum_after(syncer, merges):
+  """The outer momentum after committing `merges` (each a list of learners reporting θ = Θ − 1)."""
+  for learners in merges:
+    result = syncer.compute([_report(m, jax.tree.map(lambda x: x - 1.0, syncer.params), base=syncer.version)
+                             for m in learners])
+    assert result.merged == tuple(learners)
+    syncer.commit(result, live_versions=[result.version])
+  return np.asarray(jax.tree.leaves(syncer.opt_state)[-1])
+
+
+def test_per_round_momentum_decays_by_mu_per_m_reports_and_equals_per_merge_momentum_for_full_merges():
+  outer = dict(momentum=0.6, nesterov=True, scale="none")
+  full = [[0, 1, 2, 3]] * 3
+  per_merge, per_round = (_momentum_after(_syncer(momentum_per=m, **outer), full) for m in ("merge", "round"))
+  np.testing.assert_array_equal(per_merge, per_round)  # n = M: the same step, bit for bit
+  ones = [[0], [1], [2], [3]]  # four merges of one learner: the momentum of one synchronous round's decay
+  trace = _momentum_after(_syncer(momentum_per="round", **outer), ones)
+  decay = np.float32(0.6) ** 0.25
+  expected = sum(decay**k for k in range(4))  # each merge adds a unit outer gradient to the decayed trace
+  np.testing.assert_allclose(trace, np.full(3, expected), rtol=1e-6)
+  assert not np.allclose(_momentum_after(_syncer(**outer), ones), expected)  # per merge: 1 + 0.6 + 0.36 + 0.216
+
+
 def test_token_weights_favour_learners_with_more_tokens_per_step():
   syncer = _syncer(scale="none", token_weighting=True)
   result = syncer.compute([_report(0, {"w": jnp.full(3, 1.0)}, tokens=100, steps=10),

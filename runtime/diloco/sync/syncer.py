@@ -67,8 +67,13 @@ class Ema:
 
 
 def outer_optimizer(cfg: OuterConfig) -> optax.GradientTransformation:
-  """SGD with (Nesterov) momentum on the outer gradient."""
-  return optax.sgd(cfg.lr, momentum=cfg.momentum or None, nesterov=cfg.nesterov and cfg.momentum > 0)
+  """SGD with (Nesterov) momentum on the outer gradient; with momentum_per = "round" its momentum is a
+  hyper-parameter of its state, set at each merge (see outer_step)."""
+  nesterov = cfg.nesterov and cfg.momentum > 0
+  if cfg.momentum_per == "round" and cfg.momentum:
+    return optax.inject_hyperparams(optax.sgd, static_args=("nesterov",))(cfg.lr, momentum=cfg.momentum,
+                                                                          nesterov=nesterov)
+  return optax.sgd(cfg.lr, momentum=cfg.momentum or None, nesterov=nesterov)
 
 
 def outer_delta(ref: PyTree, local: PyTree) -> tuple[PyTree, jax.Array]:
@@ -83,9 +88,12 @@ def merge_sizes(num_learners: int) -> tuple[int, ...]:
 
 
 def outer_step(theta: PyTree, opt_state: PyTree, deltas: Sequence[PyTree], weights: jax.Array, scale: jax.Array,
-               *, tx: optax.GradientTransformation, method: str,
+               momentum: jax.Array | None = None, *, tx: optax.GradientTransformation, method: str,
                mean_for: Callable[[str], bool] | None) -> tuple[PyTree, PyTree, jax.Array]:
-  """Θ' = Θ − outer_opt(scale · merge(Δ, w)); returns Θ', the optimizer state and the update's norm."""
+  """Θ' = Θ − outer_opt(scale · merge(Δ, w)); returns Θ', the optimizer state and the update's norm. `momentum`
+  (momentum_per = "round") is this merge's momentum decay."""
+  if momentum is not None:
+    opt_state.hyperparams["momentum"] = momentum
   delta = jax.tree.map(lambda d: d * scale, averaging.merge(deltas, weights, method=method, mean_for=mean_for))
   updates, opt_state = tx.update(delta, opt_state, theta)
   return optax.apply_updates(theta, updates), opt_state, averaging.global_norm(updates)
@@ -102,6 +110,7 @@ class Syncer:
     self.mirrors = mirrors  # what each learner holds, and Θ's updates to it (compression.down != "none")
     self.num_learners = num_learners  # the most learners there can be (merge sizes are compiled up to it)
     self.tx = outer_optimizer(cfg)
+    self._per_round = cfg.momentum_per == "round" and cfg.momentum > 0
     self.version = 0
     self.params = params
     self._sharding = jax.tree.leaves(params)[0].sharding  # the host CPU device, where all syncer work runs
@@ -234,14 +243,18 @@ class Syncer:
     else:
       weights = np.ones(len(kept), np.float32)
     # A merge of n of M learners is n/M of a synchronous outer step (outer.scale == "fraction").
-    scale = np.float32(len(kept) / (members or self.num_learners) if self.cfg.scale == "fraction" else 1.0)
+    fraction = len(kept) / (members or self.num_learners)
+    scale = np.float32(fraction if self.cfg.scale == "fraction" else 1.0)
+    # momentum_per = "round": the momentum decays by momentum^(n/M) at a merge of n of M learners.
+    momentum = (jax.device_put(np.float32(self.cfg.momentum ** fraction), self._sharding) if self._per_round
+                else None)
     # Padded with zero deltas of weight 0 up to a compiled size, so no merge waits for a compilation.
     size = next(n for n in merge_sizes(self.num_learners) if n >= len(kept))
     pads = [self._delta(theta, theta)[0] for _ in range(size - len(kept))]
     weights = np.concatenate([weights, np.zeros(size - len(kept), np.float32)])
     # Every operand is placed explicitly where Θ lives (the host CPU), never on the default device.
     theta, outer, update_norm = self._program(size, p)(
-        theta, outer, [deltas[i] for i in keep] + pads, *jax.device_put((weights, scale), self._sharding))
+        theta, outer, [deltas[i] for i in keep] + pads, *jax.device_put((weights, scale), self._sharding), momentum)
     update_norm, delta_norm = float(update_norm), float(np.mean(norms[keep]))
     reason = self._screen_step(update_norm, delta_norm, p)
     if reason:  # Θ would diverge: nothing is committed, and the reports' data is trained again
@@ -289,7 +302,8 @@ class Syncer:
         warnings.filterwarnings("ignore", "Some donated buffers were not usable")
         theta = self.trees.part(self.params, p)
         self._programs[p, size] = self._step.lower(like(theta), like(self._outer_state(p)), [like(theta)] * size,
-                                                   scalar((size,)), scalar(())).compile()
+                                                   scalar((size,)), scalar(()),
+                                                   scalar(()) if self._per_round else None).compile()
     return self._programs[p, size]
 
   def commit(self, result: MergeResult, live_versions: Sequence[int]) -> None:
