@@ -6,8 +6,8 @@ next-token logits [B, L, vocab], with optionally its own training objective, and
 (`flax.linen.with_logical_partitioning`: 'embed', 'vocab', 'mlp', 'heads', 'kv_heads', 'head_dim', 'length'), which
 place it on a learner's (fsdp, tensor) mesh (models/lm.py); a parameter without names is split along its largest
 axis under fsdp and replicated across tensor. `model.kind` selects one: 'gpt', 'llama', or a user's
-'package.module:attribute' naming a ModelSpec (docs/model.md has a complete example). A model may place its activations by
-the same names (models/sharding.py `constrain`).
+'package.module:attribute' naming a ModelSpec (docs/model.md has a complete example). A model may place its
+activations by the same names (models/sharding.py `constrain`).
 """
 
 import dataclasses

@@ -57,7 +57,8 @@ def test_the_safetensors_hold_every_parameter_under_llamas_names_and_layouts(tin
 
 def test_a_large_model_is_sharded_with_an_index_and_reads_back_the_same(tiny_config, tmp_path):
   model_dir, _ = _saved(tiny_config, tmp_path)
-  whole, sharded = (export.export(model_dir, tmp_path / name, shard_bytes=b) for name, b in (("a", 2**30), ("b", 50_000)))
+  whole, sharded = (export.export(model_dir, tmp_path / name, shard_bytes=b)
+                    for name, b in (("a", 2**30), ("b", 50_000)))
   assert whole["files"][0] == "model.safetensors" and export.INDEX in sharded["files"]
   index = json.loads((tmp_path / "b" / export.INDEX).read_text())
   assert len(set(index["weight_map"].values())) > 2

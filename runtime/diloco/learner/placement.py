@@ -3,9 +3,9 @@
 A learner of one slice (slices_per_learner = 1) trains on a one-axis ('data') mesh; a learner of several on a
 two-axis ('slice', 'data') mesh, its batch split over both axes, its parameters replicated across slices (and,
 with fsdp, split along 'data' within each). With mesh.tensor > 1 each slice's devices form ('data', 'tensor'):
-parameters split across 'tensor' by their logical axes (models/lm.py), the batch across 'data' only. Such a learner that reconfigures around a lost slice
-(faults.learner_recovery = 'reconfigure') keeps the state it had before the part in flight: its round program does
-not donate that state, at the cost of a second copy of it while a part runs.
+parameters split across 'tensor' by their logical axes (models/lm.py), the batch across 'data' only. Such a learner
+that reconfigures around a lost slice (faults.learner_recovery = 'reconfigure') keeps the state it had before the
+part in flight: its round program does not donate that state, at the cost of a second copy of it while a part runs.
 """
 
 import dataclasses
