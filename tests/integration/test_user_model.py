@@ -75,8 +75,9 @@ def test_a_kind_that_names_no_model_is_refused_naming_the_field(tiny_config, kin
   assert says in str(error.value)
 
 
-def test_the_command_line_trains_a_users_model(tmp_path):
-  out = launcher.launch("train", "--config=configs/smoke.py", f"--config.model.kind={KIND}", *launcher.FAST,
-                        f"--workdir={tmp_path}", cwd=launcher.REPO)
+@pytest.mark.parametrize("mode", ["decoupled", "diloco_sync", "dp"])
+def test_the_command_line_trains_a_users_model(tmp_path, mode):
+  out = launcher.launch("train", "--config=configs/smoke.py", f"--config.model.kind={KIND}", f"--config.mode={mode}",
+                        *launcher.FAST, f"--workdir={tmp_path}", cwd=launcher.REPO)
   assert out.returncode == 0, out.stderr[-2000:]
-  assert (tmp_path / "decoupled" / "model" / "model.json").is_file()
+  assert (tmp_path / mode / "model" / "model.json").is_file()
