@@ -231,6 +231,25 @@ MUTATIONS = {
         "      if preemption.requested():",
         "tests/integration/test_preemption.py::"
         "test_a_sigterm_while_a_merge_runs_stops_once_it_is_done_and_the_resumed_run_ends_bit_identical"),
+    "per_round_momentum_ignores_the_fraction": (
+        "runtime/diloco/sync/syncer.py", "np.float32(self.cfg.momentum ** fraction)", "np.float32(self.cfg.momentum)",
+        "tests/unit/test_syncer.py::"
+        "test_per_round_momentum_decays_by_mu_per_m_reports_and_equals_per_merge_momentum_for_full_merges"),
+    "tensor_axis_never_used": (
+        "models/lm.py", "if rules.get(name) == \"tensor\" and leaf.shape[axis] % tensor == 0:", "if False:",
+        "tests/integration/test_llama_mesh.py::test_a_learners_parameters_are_split_across_tensor_by_their_logical_axes"),
+    "cache_ignores_earlier_positions": (
+        "models/attention.py", "mask_1x1xLxT = (jnp.arange(keys)[None, :] <= query_positions_L[:, None])[None, None]",
+        "mask_1x1xLxT = (jnp.arange(keys)[None, :] == query_positions_L[:, None])[None, None]",
+        "tests/integration/test_trained_model.py::"
+        "test_sampling_is_deterministic_for_a_seed_and_greedy_sampling_follows_the_full_forward_pass"),
+    "user_objective_ignored": (
+        "models/lm.py", "  if objective is not None:\n    return objective(", "  if False:\n    return objective(",
+        "tests/integration/test_user_model.py::test_a_users_objective_is_what_training_minimizes"),
+    "gqa_groups_interleaved": (
+        "models/attention.py", "k_BxTxGxK = jnp.repeat(k_BxTxGxK, num_heads // groups, axis=2)",
+        "k_BxTxGxK = jnp.tile(k_BxTxGxK, (1, 1, num_heads // groups, 1))",
+        "tests/unit/test_model.py::test_grouped_query_attention_matches_a_reference_written_out_head_by_head"),
 }
 
 

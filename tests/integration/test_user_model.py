@@ -55,6 +55,17 @@ def test_a_model_defined_in_this_file_trains_by_its_import_path_and_its_loss_fal
   assert set(result.params) == {"embed", "hidden", "out"}
 
 
+def test_a_users_objective_is_what_training_minimizes():
+  from models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  cfg = ModelConfig(kind=KIND, d_model=32, mlp_dim=64, max_len=16)
+  params = lm.init_params(cfg, jax.random.key(0))
+  batch = jax.random.randint(jax.random.key(1), (4, 17), 0, 256)
+  objective, cross_entropy = lm.train_loss(params, cfg, batch)
+  logits = lm.logits(params, cfg, batch[:, :-1])
+  assert objective == label_smoothed(logits, batch[:, 1:], cfg) and objective != cross_entropy
+  assert cross_entropy == lm.loss_fn(params, cfg, batch)  # what evaluations report
+
+
 def test_a_user_model_places_its_named_axes_and_splits_the_others_under_fsdp():
   from models.config import ModelConfig  # pylint: disable=g-import-not-at-top
   specs = lm.param_specs(ModelConfig(kind=KIND, d_model=32, mlp_dim=64), {"data": 2, "tensor": 2}, fsdp=True)

@@ -190,6 +190,10 @@ def test_the_models_tensor_and_parameter_counts_are_those_of_its_parameter_tree(
   abstract = lm.abstract_params(cfg)
   assert cfg.num_tensors() == len(jax.tree.leaves(abstract))
   assert cfg.num_params() == sum(x.size for x in jax.tree.leaves(abstract))
+  llama = dataclasses.replace(cfg, kind="llama", positions="rotary", num_kv_heads=2, tied_embeddings=layers != 2)
+  abstract = lm.abstract_params(llama)
+  assert llama.num_tensors() == len(jax.tree.leaves(abstract))
+  assert llama.num_params() == sum(x.size for x in jax.tree.leaves(abstract))
 
 
 def test_a_budget_in_tokens_per_parameter_sets_the_steps_from_the_model_and_the_global_batch():

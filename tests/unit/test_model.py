@@ -90,3 +90,48 @@ def test_z_loss_adds_the_squared_log_normalizer_to_the_objective_and_its_gradien
   stepped = jax.tree.map(lambda p, g: p - 1e-2 * g, params, grads)
   after = jax.nn.logsumexp(TransformerLM(cfg).apply({"params": stepped}, batch[:, :-1]), axis=-1)
   assert float(jnp.mean(after**2)) < float(jnp.mean(log_z**2))
+
+
+def _llama(**fields):
+  return ModelConfig(kind="llama", num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=48, max_len=16,
+                     **fields)
+
+
+def test_the_llama_model_is_causal_too():
+  cfg = _llama()
+  module = lm.interface.spec_of("llama").module(cfg)
+  tokens_1xL = jnp.asarray(np.random.default_rng(0).integers(0, 256, (1, 16)), jnp.int32)
+  variables = module.init(jax.random.key(0), tokens_1xL)
+  grad = jax.grad(lambda p: module.apply({"params": variables["params"], "perturbations": p}, tokens_1xL)[0, 7].sum())(
+      variables["perturbations"])["embedded"]
+  assert np.abs(np.asarray(grad[0, 8:])).max() == 0.0 and (np.abs(np.asarray(grad[0, :8])).sum(-1) > 0).all()
+
+
+def test_grouped_query_attention_matches_a_reference_written_out_head_by_head():
+  from models import attention  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  q, k, v = (rng.normal(size=(1, 5, h, 8)).astype(np.float32) for h in (4, 2, 2))
+  out = np.asarray(attention.attend(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), "float32"))
+  for h in range(4):  # query heads 0, 1 read key/value head 0; heads 2, 3 read head 1 (transformers' repeat_kv)
+    g = h // 2
+    for t in range(5):
+      scores = q[0, t, h] @ k[0, :t + 1, g].T / np.sqrt(8)
+      weights = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+      np.testing.assert_allclose(out[0, t, h], weights @ v[0, :t + 1, g], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cfg", [ModelConfig(num_layers=2, d_model=32, num_heads=4, mlp_dim=64, max_len=16),
+                                 ModelConfig(num_layers=2, d_model=32, num_heads=4, mlp_dim=64, max_len=16,
+                                             positions="learned", qk_norm=True),
+                                 _llama(qk_norm=True), _llama(tied_embeddings=False)],
+                         ids=["gpt", "gpt-learned-qk", "llama-qk", "llama-untied"])
+def test_decoding_with_the_cache_gives_the_full_forward_passs_logits(cfg):
+  params = lm.init_params(cfg, jax.random.key(0))
+  tokens_1xL = jnp.asarray(np.random.default_rng(2).integers(0, 256, (1, 16)), jnp.int32)
+  full = np.asarray(lm.logits(params, cfg, tokens_1xL))
+  logits, cache = lm.decode(params, cfg, lm.empty_cache(cfg, 1), tokens_1xL.at[:, 6:].set(0))  # padded prefill
+  cache = lm.at_position(cache, 6)
+  np.testing.assert_allclose(np.asarray(logits)[0, :6], full[0, :6], atol=2e-5)
+  for i in range(6, 16):
+    step, cache = lm.decode(params, cfg, cache, tokens_1xL[:, i:i + 1])
+    np.testing.assert_allclose(np.asarray(step)[0, 0], full[0, i], atol=2e-5)
