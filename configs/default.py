@@ -68,6 +68,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Tensor-parallel width inside a slice (DP: across every device): each parameter's heads, MLP or vocabulary axis
   # is split across it (models/lm.py); the slice's other devices split the batch (and, with fsdp, the state).
   config.mesh.tensor = 1
+  config.syncer = ml_collections.ConfigDict()
+  # Host CPU devices the syncer splits Θ's tensors across (its momentum, history, mirrors and merge with them); each
+  # shard merges its share in parallel, to the same bits as one. Under Pathways, the CPU hosts; simulated, CPU devices.
+  config.syncer.shards = 1
   # Show a progress bar (tokens, loss, tokens per second) on stderr.
   config.progress = True
   # Write TensorBoard event files under <workdir>/<run>/tb (view: tensorboard --logdir <workdir>).

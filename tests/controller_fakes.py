@@ -219,9 +219,12 @@ class FakeSyncer:
   def answer(self, report, verdict: str):
     return types.SimpleNamespace(payload=None, fragment=0, verdict=verdict, learner=report.learner, params=None)
 
-  def commit(self, result, live_versions) -> None:
-    del live_versions
+  def commit(self, result, live) -> None:
+    del live
     self.version += 1
+
+  def adopted(self, learner: int) -> None:
+    pass
 
   def divergence(self) -> str:
     return ""

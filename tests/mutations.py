@@ -250,6 +250,25 @@ MUTATIONS = {
         "models/attention.py", "k_BxTxGxK = jnp.repeat(k_BxTxGxK, num_heads // groups, axis=2)",
         "k_BxTxGxK = jnp.tile(k_BxTxGxK, (1, 1, num_heads // groups, 1))",
         "tests/unit/test_model.py::test_grouped_query_attention_matches_a_reference_written_out_head_by_head"),
+    "shard_norms_summed_shard_by_shard": (
+        "runtime/diloco/sync/shards.py", "    for i in present:\n",
+        "    for i in sorted(present, key=self.owner.__getitem__):\n",
+        "tests/unit/test_shards.py::test_a_norm_summed_from_each_shards_tensors_is_the_global_norm_bit_for_bit"),
+    "mirror_parts_in_shard_order": (
+        "runtime/wire/downlink.py", "parts = self.shards.interleave(jax.device_get(per_shard), self._counts)",
+        "parts = [x for shard in jax.device_get(per_shard) for x in shard]",
+        "tests/unit/test_shards.py::"
+        "test_a_syncer_in_four_shards_merges_to_the_same_bits_as_one_and_keeps_each_tensor_on_its_shard"),
+    "adopted_theta_kept_for_resend": (
+        "runtime/diloco/sync/syncer.py", "    self._unadopted.pop(learner, None)\n\n  def answer",
+        "    pass\n\n  def answer",
+        "tests/experiments/test_bench.py::"
+        "test_the_syncer_keeps_a_copy_of_theta_per_learner_only_where_something_reads_it"),
+    "history_kept_without_a_reader": (
+        "runtime/diloco/sync/syncer.py", "    read = {self.version}\n    if self._reads_history:",
+        "    read = {self.version}\n    if True:",
+        "tests/experiments/test_bench.py::"
+        "test_the_syncer_keeps_a_copy_of_theta_per_learner_only_where_something_reads_it"),
 }
 
 

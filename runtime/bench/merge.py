@@ -59,11 +59,11 @@ class MergeBenchResult:
     return self.bandwidth(side) / self.bandwidth(COPY)
 
 
-def transformer_shapes(params: int) -> dict[str, Any]:
+def transformer_shapes(params: int, vocab: int = VOCAB) -> dict[str, Any]:
   """Returns a decoder's tensor shapes, as a nested dict, totalling about `params` entries."""
   # Per layer: qkv (d, 3d), out (d, d), mlp (d, 4d) and (4d, d), two norm scales; so
-  # params ~= 12 * LAYERS * d^2 + VOCAB * d. Round d to a multiple of 8 like real widths.
-  a, b = 12 * LAYERS, VOCAB
+  # params ~= 12 * LAYERS * d^2 + vocab * d. Round d to a multiple of 8 like real widths.
+  a, b = 12 * LAYERS, vocab
   width = max(8, round((-b + (b * b + 4 * a * params) ** 0.5) / (2 * a) / 8) * 8)
   layer = {
       "attn": {"qkv": {"kernel": (width, 3 * width)}, "out": {"kernel": (width, width)}},
@@ -72,7 +72,7 @@ def transformer_shapes(params: int) -> dict[str, Any]:
       "norm_mlp": {"scale": (width,)},
   }
   layers = {f"layer_{i:02d}": layer for i in range(LAYERS)}
-  return {"params": {"embed": {"embedding": (VOCAB, width)}, **layers}}
+  return {"params": {"embed": {"embedding": (vocab, width)}, **layers}}
 
 
 def is_shape(node: Any) -> bool:

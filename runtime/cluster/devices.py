@@ -71,6 +71,16 @@ def host_device() -> jax.Device:
   return jax.devices("cpu")[0]
 
 
+def host_devices(num: int) -> list[jax.Device]:
+  """The host CPU devices of a syncer in `num` shards, the first host_device() (simulated: they are also the CPU
+  devices the learners' slices use)."""
+  devices = jax.devices("cpu")
+  if len(devices) < num:
+    raise ConfigError("syncer.shards", num, f"at most the {len(devices)} host CPU devices this process has (set "
+                      "before JAX starts: --xla_force_host_platform_device_count)")
+  return devices[:num]
+
+
 def configure_compilation_cache(path: str) -> None:
   """Persists compiled programs under `path` ('' = off): learners, modes and reruns share them."""
   if not path:

@@ -112,6 +112,13 @@ class MeshConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SyncerConfig:
+  """Where the syncer's state lives (its algorithm is `outer`)."""
+
+  shards: int = 1  # host CPU devices Θ's tensors are split across, each merging its share (sync/shards.py)
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
   """Everything one training run needs."""
 
@@ -125,6 +132,7 @@ class RunConfig:
   compression: wire_config.CompressionConfig = dataclasses.field(default_factory=wire_config.CompressionConfig)
   links: links_config.LinksConfig = dataclasses.field(default_factory=links_config.LinksConfig)
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+  syncer: SyncerConfig = dataclasses.field(default_factory=SyncerConfig)
   mode: str = "decoupled"
   seed: int = 0
   num_devices: int = 8  # simulated CPU devices (ignored on real accelerators)
@@ -284,7 +292,7 @@ def _build_model(cfg: ml_collections.ConfigDict | None, data_path: str) -> Model
 
 SECTIONS = dict(model=ModelConfig, data=DataConfig, inner=InnerOptConfig, outer=OuterConfig, clock=ClockConfig,
                 faults=FaultConfig, capacity=capacity_lib.CapacityConfig, compression=wire_config.CompressionConfig,
-                links=links_config.LinksConfig, mesh=MeshConfig)
+                links=links_config.LinksConfig, mesh=MeshConfig, syncer=SyncerConfig)
 
 
 def from_config_dict(cfg: ml_collections.ConfigDict) -> RunConfig:
@@ -400,6 +408,8 @@ def _validate(run: RunConfig) -> None:
   width = run.num_devices if run.mode == "dp" else per_slice
   check(run.mesh.tensor >= 1 and width % run.mesh.tensor == 0, "mesh.tensor", run.mesh.tensor,
         f"a divisor of the devices per slice ({width}{' in mode dp: every device' if run.mode == 'dp' else ''})")
+  check(run.syncer.shards >= 1 and (run.syncer.shards == 1 or run.mode != "dp"), "syncer.shards",
+        run.syncer.shards, "an integer >= 1 (1 in mode dp, which has no syncer)")
   check(i.lr > 0, "inner.lr", i.lr, "a float > 0")
   check(0 <= i.warmup_steps, "inner.warmup_steps", i.warmup_steps, "an integer >= 0")
   check(0 <= i.min_lr_ratio <= 1, "inner.min_lr_ratio", i.min_lr_ratio, "a float in [0, 1]")

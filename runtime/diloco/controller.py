@@ -31,6 +31,7 @@ from runtime.diloco.run_log import RunLog
 from runtime.diloco.slices.lifecycle import SliceLifecycle
 from runtime.diloco.slices.one_slice import OneSlice
 from runtime.diloco.slices.several_slices import SeveralSlices
+from runtime.diloco.sync.shards import Shards
 from runtime.diloco.sync.syncer import Syncer
 from runtime.diloco.theta_post import ThetaPost
 from runtime.network.links import Links
@@ -64,9 +65,12 @@ class Controller:
     self.learners = make_learners(run, exp, devices, injector, data_service)
     theta = jax.jit(lm.init_params, static_argnums=0, out_shardings=self.host_sharding)(
         run.model, jax.random.key(run.seed))
+    shards = Shards(theta, [self.host_sharding] + [NamedSharding(devices_lib.slice_mesh([d]), P())
+                                                   for d in devices_lib.host_devices(run.syncer.shards)[1:]])
     codec = Codec(run.compression, theta) if run.compression.up != "none" else None
-    mirrors = Mirrors(run.compression, theta) if run.compression.down != "none" else None
-    self.syncer = Syncer(run.outer, theta, len(self.learners), run.overlap_steps, codec, mirrors, run.fragments)
+    mirrors = Mirrors(run.compression, theta, shards) if run.compression.down != "none" else None
+    self.syncer = Syncer(run.outer, theta, len(self.learners), run.overlap_steps, codec, mirrors, run.fragments,
+                         shards)
     shares = [run.learner_batch(m) * run.learners / run.data.batch_size for m in range(len(self.learners))]
     self.clock = make_clock(run.clock, len(self.learners), run.seed, shares)
     self.links = Links(run, self.clock.transfer_seconds, self.syncer.trees.nbytes)
@@ -78,7 +82,7 @@ class Controller:
     self.slices = SliceLifecycle(run, devices, injector, self.clock, self.learners, self.syncer, self.budget, post,
                                  self.log, policy=SeveralSlices if run.slices_per_learner > 1 else OneSlice)
     self.merges = MergeSchedule(run, self.clock, self.learners, self.syncer, self.links, self.budget, self.log,
-                                self.slices, self.host_sharding)
+                                self.slices)
     self.rounds = Rounds(run, self.clock, self.learners, self.syncer, self.links, self.budget, post, self.log,
                          self.slices)
     self.membership = Membership(run, self.clock, self.learners, self.budget, self.slices, data_service, self.log)

@@ -35,9 +35,9 @@ class MergeSchedule:
   """The merge state (idle, scheduled, running) and the worker thread merges run in."""
 
   def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], syncer: Syncer, links: Links, budget: Budget,
-               log: RunLog, slices: SliceLifecycle, host_sharding: jax.sharding.Sharding):
+               log: RunLog, slices: SliceLifecycle):
     self._run, self._clock, self._learners, self._syncer, self._links = run, clock, learners, syncer, links
-    self._budget, self._log, self._slices, self._host = budget, log, slices, host_sharding
+    self._budget, self._log, self._slices = budget, log, slices
     self._lr = inner_lr(run.inner, run.total_steps)  # evaluated here: on the host CPU it queues behind the merge
     self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="syncer")
     self._worker.submit(syncer.compile_merges)  # every merge size, before the first merge needs one
@@ -83,8 +83,7 @@ class MergeSchedule:
     """In the worker: the reports' tensors to the host, the merge, and Θ onto the merged learners' slices."""
     marks = [time.perf_counter()]
     with annotate("syncer/report_copy"):
-      landed = [r if r.params is None else dataclasses.replace(r, params=tree_transfer.copy_to(r.params, self._host))
-                for r in reports]
+      landed = [r if r.params is None else dataclasses.replace(r, params=self._syncer.land(r.params)) for r in reports]
       jax.block_until_ready([r.params for r in landed])
     marks.append(time.perf_counter())
     with annotate("syncer/merge"):
@@ -119,7 +118,7 @@ class MergeSchedule:
     made = future.result()
     self.state = IDLE
     result, now = made.result, self._clock.now()
-    self._syncer.commit(result, [v for l in self._learners for v in l.live_versions()])
+    self._syncer.commit(result, [key for l in self._learners for key in l.live_bases()])
     if self._syncer.divergence():
       raise TrainingDiverged(self._syncer.divergence())
     quarantined = dict(result.quarantined)

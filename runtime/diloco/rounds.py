@@ -188,6 +188,7 @@ class Rounds:
     except CorruptPayload as error:  # nothing adopted: Θ goes again, whole
       self._resend_theta(learner, delivery, error)
       return
+    self._syncer.adopted(learner.index)  # (a compressed Θ will not be sent again)
     self._log.adopted(time.perf_counter() - started)
     self.start_round(learner)
 

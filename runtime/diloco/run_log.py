@@ -109,6 +109,8 @@ class RunLog:
       self._evaluated_version = version
       self._eval_marks.advance_past(self.tokens_merged)
       record = dict(version=version, tokens=self.tokens_merged, time=now, **stamp)
+      # Θ evaluated on the host: with the syncer in shards its tensors are gathered there first (a copy)
+      params = jax.device_put(params, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
       if self._evaluator is None or force:
         self.record_evals(wait=True)
         self._record_eval(self.exp.evaluate(params, self.mesh), record)

@@ -23,7 +23,7 @@ def prepare(config: ml_collections.ConfigDict) -> RunConfig:
   """Validates the config and sets up simulated devices before JAX starts a backend."""
   run = from_config_dict(config)
   multislice.start_backend(run.backend)
-  devices_lib.configure_simulated_devices(run.num_devices)
+  devices_lib.configure_simulated_devices(max(run.num_devices, run.syncer.shards))  # (on accelerators: host CPUs)
   devices_lib.configure_compilation_cache(run.compile_cache)
   return run
 

@@ -23,7 +23,12 @@ def packable(tree: PyTree, sharding: PyTree) -> bool:
   leaves = jax.tree.leaves(tree)
   return (bool(leaves) and all(isinstance(x, jax.Array) for x in leaves)
           and len(jax.tree.leaves(sharding)[0].device_set) == 1
-          and len({x.dtype for x in leaves}) == 1 and len(leaves[0].sharding.device_set) == 1)
+          and len({x.dtype for x in leaves}) == 1 and _devices(leaves) == 1)
+
+
+def _devices(leaves: list[jax.Array]) -> int:
+  """How many devices the leaves are on, together."""
+  return len({d for x in leaves for d in x.sharding.device_set})
 
 
 @jax.jit
@@ -69,6 +74,7 @@ def copy_to(tree: PyTree, sharding: jax.sharding.Sharding) -> PyTree:
   """
   if packable(tree, sharding):
     return send(tree, sharding)
-  if len(jax.tree.leaves(sharding)[0].device_set) == 1:
+  # (one target device, or a tree whose tensors are on several devices: a sharded syncer's Θ)
+  if len(jax.tree.leaves(sharding)[0].device_set) == 1 or _devices(jax.tree.leaves(tree)) > 1:
     return fresh_copy(jax.device_put(tree, sharding))
   return jax.device_put(fresh_copy(tree), sharding)

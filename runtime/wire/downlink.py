@@ -36,12 +36,21 @@ def _codec(cfg: CompressionConfig, like: PyTree) -> codecs.Codec:
   return codecs.Codec(dataclasses.replace(cfg, up=cfg.down), like)
 
 
-class Mirrors:
-  """The syncer's end: per learner the latest Θ̃_m it sent, and the program that quantizes Θ − Θ̃_m."""
+def _quantizer(codec: codecs.Codec) -> Any:
+  """The program that quantizes Θ − Θ̃ (the trees `codec` was made for) into the codec's parts."""
+  return jax.jit(lambda theta, base: codec.encode(jax.tree.map(jnp.subtract, theta, base)))
 
-  def __init__(self, cfg: CompressionConfig, like: PyTree):
+
+class Mirrors:
+  """The syncer's end: per learner the latest Θ̃_m it sent, and the programs that quantize Θ − Θ̃_m (one per shard of
+  the syncer, each on its shard's tensors: quantization is per tensor, so the parts are the same)."""
+
+  def __init__(self, cfg: CompressionConfig, like: PyTree, shards: Any = None):
     self.codec = _codec(cfg, like)
-    self._encode = jax.jit(lambda theta, base: self.codec.encode(jax.tree.map(jnp.subtract, theta, base)))
+    self.shards = shards  # the syncer's shards (sync/shards.py), or None: one, on the host CPU
+    parts = shards.parts(like) if shards is not None and shards.num > 1 else [like]
+    self._encoders = [_quantizer(_codec(cfg, part)) for part in parts]
+    self._counts = [len(leaf.parts()) for leaf in self.codec.leaves]  # parts per tensor, in tensor order
     self._held: dict[int, tuple[int, PyTree]] = {}  # learner -> (mirror number, Θ̃_m on the host CPU)
     self._count = 0
 
@@ -52,13 +61,23 @@ class Mirrors:
 
   def send(self, learner: int, theta: PyTree, base: PyTree) -> tuple[payload_lib.Payload, int]:
     """The payload of Θ − base for the learner holding `base`, and the number of the mirror it becomes."""
-    parts = jax.device_get(self._encode(theta, base))
+    if len(self._encoders) == 1:
+      parts = jax.device_get(self._encoders[0](theta, base))
+    else:  # each shard quantizes its tensors where they live; the payload has every tensor's parts in order
+      per_shard = [self._encoders[s](*pair) if self.shards.holds(pair[0], s) else []
+                   for s, pair in enumerate(zip(self.shards.parts(theta), self.shards.parts(base)))]
+      parts = self.shards.interleave(jax.device_get(per_shard), self._counts)
     payload = payload_lib.pack(parts)
     mirror = _add(_host(base), self.codec.decode(parts))
-    sharding = jax.tree.leaves(theta)[0].sharding
     self._count += 1
-    self._held[learner] = (self._count, jax.device_put(mirror, sharding))
+    self._held[learner] = (self._count, self._place(mirror, theta))
     return payload, self._count
+
+  def _place(self, tree: PyTree, like: PyTree) -> PyTree:
+    """A host tree where the syncer keeps Θ (`like`'s device, or each tensor on its shard's)."""
+    if self.shards is not None and self.shards.num > 1:
+      return self.shards.place(tree)
+    return jax.device_put(tree, jax.tree.leaves(like)[0].sharding)
 
   def snapshot(self, packer: snapshot_lib.Packer, group: str = snapshot_lib.HOST) -> dict:
     """Every learner's mirror and its number, and the count of mirrors made."""
@@ -69,7 +88,9 @@ class Mirrors:
     """The mirrors as `snapshot` saw them, on the syncer's host CPU device (none in a checkpoint from before)."""
     saved = saved or dict(count=0, held=[])
     self._count = saved["count"]
-    self._held = {m: (number, unpacker.tree(theta)) for m, number, theta in saved["held"]}
+    sharded = self.shards is not None and self.shards.num > 1
+    place, where = (self.shards.placer(), "shards") if sharded else (None, snapshot_lib.HOST)
+    self._held = {m: (number, unpacker.tree(theta, place, where)) for m, number, theta in saved["held"]}
 
 
 class Downlink:

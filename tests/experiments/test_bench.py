@@ -70,18 +70,33 @@ def test_startup_bench_warm_cache_compiles_nothing_and_ends_in_the_same_theta(ti
   assert "at M=32: not measured" in out
 
 
-@pytest.mark.parametrize("down", ["none", "int4"])
-def test_the_syncer_holds_a_copy_of_theta_per_learner_in_its_history_mirrors_and_landed_reports_today(down):
-  """The syncer bench's figures for today's syncer: Θ and momentum 4 bytes per parameter each; Θ's history one fp32
-  copy per staggered learner (K = 1), one mirror per learner with Θ compressed down, and a merge of all M lands M
-  reports on the host."""
-  result = syncer_memory.run(syncer_memory.SyncerBenchConfig(params=60_000, learners=4, down=down, rounds=2))
+@pytest.mark.parametrize("up,down,base,history,mirrors,reports", [
+    ("none", "none", "current", 0.0, 0.0, 16.0),  # whole reports from the current Θ: no history read
+    ("none", "none", "base", 16.0, 0.0, 16.0),  # ... measured from their base: one fp32 Θ per staggered learner
+    ("none", "int4", "current", 0.0, 16.0, 16.0),  # Θ down compressed: one exact fp32 mirror per learner
+    ("int4", "none", "base", 0.0, 0.0, None),  # compressed reports from their base: Δ̂ as sent, kept as bytes
+    ("int4", "none", "current", 16.0, 0.0, None),  # ... rebuilt as Θ_base − Δ̂ for the current Θ: the history
+])
+def test_the_syncer_keeps_a_copy_of_theta_per_learner_only_where_something_reads_it(up, down, base, history, mirrors,
+                                                                                  reports):
+  """The syncer bench's figures (M = 4, K = 1, staggered versions): Θ and momentum 4 bytes per parameter each; Θ's
+  history holds tensors only where a report reads its base; one mirror per learner with Θ compressed down; a merge
+  of all M lands M reports, fp32 whole or int4 payloads (half a byte per value and a scale per 256)."""
+  result = syncer_memory.run(syncer_memory.SyncerBenchConfig(params=60_000, learners=4, up=up, down=down, base=base,
+                                                             rounds=2))
   assert result.per_param("theta") == result.per_param("momentum") == 4.0
-  assert result.per_param("history") == result.per_param("reports") == 4.0 * 4
-  assert result.per_param("mirrors") == (16.0 if down != "none" else 0.0)
-  assert len(result.merge_seconds) == 8 and "| 4 | " + down in syncer_memory.table([result])
+  assert result.per_param("history") == history and result.per_param("mirrors") == mirrors
+  if reports is None:
+    assert 4 * 0.5 < result.per_param("reports") < 4 * (0.5 + 4 / 256 + 0.01)
+  else:
+    assert result.per_param("reports") == reports
+  assert len(result.merge_seconds) == 8 and f"| 4 | {up} | {down} | {base} |" in syncer_memory.table([result])
 
 
 def test_syncer_bench_config_names_the_bad_field():
   with pytest.raises(ConfigError, match="learners"):
     syncer_memory.SyncerBenchConfig(learners=0)
+  with pytest.raises(ConfigError, match="base.*current"):
+    syncer_memory.SyncerBenchConfig(base="latest")
+  with pytest.raises(ConfigError, match="up.*int4"):
+    syncer_memory.SyncerBenchConfig(up="int3")

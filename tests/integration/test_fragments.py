@@ -88,9 +88,9 @@ def commits(monkeypatch):
   log = []
   commit = syncer_lib.Syncer.commit
 
-  def recording(self, result, live_versions):
+  def recording(self, result, live):
     before = jax.device_get((self.params, self.opt_state))
-    commit(self, result, live_versions)
+    commit(self, result, live)
     if result.merged:
       log.append((result.fragment, *before, *jax.device_get((self.params, self.opt_state))))
 
@@ -142,7 +142,7 @@ def test_the_syncers_outer_state_is_one_per_fragment_on_that_fragments_tensors()
   p = next(p for p, g in enumerate(syncer.trees.groups) if g == (0,))  # the fragment of "a"
   local = syncer.trees.part({"a": jnp.full(4, -1.0), "b": jnp.full(3, -1.0)}, p)
   report = Report(0, local, 100, 10, 0, loss=1.0, sent_at=0.0, fragment=p, fragment_tokens=100, fragment_steps=10)
-  syncer.commit(syncer.compute([report]), [0])
+  syncer.commit(syncer.compute([report]), [(-1, 0)])
   np.testing.assert_array_equal(syncer.params["b"], np.zeros(3))
   assert np.all(np.asarray(syncer.params["a"]) < 0)  # toward the learner's -1
   momentum = [jax.tree.leaves(s) for s in syncer.opt_state]

@@ -27,8 +27,8 @@ class _Slices:
 class _Settling(FakeLearner):
   """A fake learner that takes its report's verdict."""
 
-  def live_versions(self):
-    return (0,)
+  def live_bases(self):
+    return ((-1, 0),)
 
   def report_settled(self, report, merged):
     self.calls.append(("settled", merged))
@@ -40,7 +40,7 @@ def _schedule(tiny_config, quorum=2):
   learners = [_Settling(m, (m,)) for m in range(run.learners)]
   log = FakeLog()
   schedule = MergeSchedule(run, clock, learners, syncer, _Links(), FakeBudget(clock, log, Ledger(run.num_slices)),
-                           log, _Slices(), host_sharding=None)
+                           log, _Slices())
   return schedule, clock, syncer, learners, log
 
 

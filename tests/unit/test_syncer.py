@@ -37,7 +37,7 @@ def _momentum_after(syncer, merges):
     result = syncer.compute([_report(m, jax.tree.map(lambda x: x - 1.0, syncer.params), base=syncer.version)
                              for m in learners])
     assert result.merged == tuple(learners)
-    syncer.commit(result, live_versions=[result.version])
+    syncer.commit(result, live=[(-1, result.version)])
   return np.asarray(jax.tree.leaves(syncer.opt_state)[-1])
 
 
@@ -74,7 +74,7 @@ def test_non_finite_and_absurd_reports_are_quarantined_and_the_rest_merged():
 
 def test_a_delta_far_above_the_recent_norm_is_quarantined_below_the_absolute_limit():
   syncer = _syncer(scale="none")
-  syncer.commit(syncer.compute([_report(0, {"w": jnp.full(3, 1.0)})]), [0])  # Θ = 1, recent norm sqrt(3)
+  syncer.commit(syncer.compute([_report(0, {"w": jnp.full(3, 1.0)})]), [(-1, 0)])  # Θ = 1, recent norm sqrt(3)
   assert syncer.compute([_report(1, {"w": jnp.full(3, 51.0)})]).merged == (1,)  # 50 × recent: kept
   result = syncer.compute([_report(1, {"w": jnp.full(3, 201.0)})])  # 200 × recent, far below 1e6
   assert result.merged == ()
@@ -114,8 +114,9 @@ def test_outer_step_with_unit_sgd_moves_theta_by_the_scaled_merged_outer_gradien
   tx = optax.sgd(1.0)
   theta = {"w": jnp.array([1.0, 2.0])}
   deltas = [{"w": jnp.array([0.5, 0.0])}, {"w": jnp.array([1.5, 2.0])}]
-  new, _, norm = outer_step(theta, tx.init(theta), deltas, jnp.array([1.0, 3.0]), jnp.float32(0.5), tx=tx,
+  new, _, sums = outer_step(theta, tx.init(theta), deltas, jnp.array([1.0, 3.0]), jnp.float32(0.5), tx=tx,
                             method="mean", mean_for=None)
+  norm = np.sqrt(np.sum(sums))
   # Weighted mean of the deltas: (1.25, 1.5); half of it is the step.
   np.testing.assert_allclose(new["w"], [1.0 - 0.625, 2.0 - 0.75])
   assert float(norm) == pytest.approx(np.hypot(0.625, 0.75))
@@ -149,7 +150,7 @@ def test_an_absurd_outer_step_is_never_committed_and_persistent_failure_names_th
     result = syncer.compute([_report(0, {"w": jnp.full(3, 1.0)})])
     (learner, reason), = result.quarantined
     assert result.merged == () and learner == 0 and "outer step" in reason
-    syncer.commit(result, [0])
+    syncer.commit(result, [(-1, 0)])
     np.testing.assert_array_equal(syncer.params["w"], np.zeros(3))
     assert syncer.version == 0
   assert "outer.lr" in syncer.divergence() and "3 merges in a row" in syncer.divergence()
@@ -157,11 +158,11 @@ def test_an_absurd_outer_step_is_never_committed_and_persistent_failure_names_th
 
 def test_a_committed_merge_resets_the_count_of_failed_merges():
   syncer = _syncer(scale="none", divergence_merges=2)
-  syncer.commit(syncer.compute([_report(0, {"w": jnp.array([jnp.nan, 0.0, 0.0])})]), [0])
-  syncer.commit(syncer.compute([_report(1, {"w": jnp.full(3, 1.0)})]), [0])
-  syncer.commit(syncer.compute([_report(0, {"w": jnp.array([jnp.inf, 0.0, 0.0])})]), [0])
+  syncer.commit(syncer.compute([_report(0, {"w": jnp.array([jnp.nan, 0.0, 0.0])})]), [(-1, 0)])
+  syncer.commit(syncer.compute([_report(1, {"w": jnp.full(3, 1.0)})]), [(-1, 0)])
+  syncer.commit(syncer.compute([_report(0, {"w": jnp.array([jnp.inf, 0.0, 0.0])})]), [(-1, 0)])
   assert not syncer.divergence()
-  syncer.commit(syncer.compute([_report(0, {"w": jnp.array([jnp.inf, 0.0, 0.0])})]), [0])
+  syncer.commit(syncer.compute([_report(0, {"w": jnp.array([jnp.inf, 0.0, 0.0])})]), [(-1, 0)])
   assert "inner.lr" in syncer.divergence()
 
 
@@ -180,7 +181,7 @@ def test_after_compile_merges_no_merge_size_compiles_on_the_critical_path():
   try:
     for n in (1, 3, 2, 4):
       result = syncer.compute(reports[n])
-      syncer.commit(result, [syncer.version])
+      syncer.commit(result, [(-1, syncer.version)])
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
   assert not compiles, compiles

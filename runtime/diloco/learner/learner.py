@@ -34,7 +34,7 @@ from runtime.faults import injection
 from runtime.config.fragment_plan import WHOLE
 from runtime.train.programs import TrainState, schedule_to
 from runtime.data.staging import Stager
-from runtime.wire.downlink import Downlink
+from runtime.wire.downlink import NO_MIRROR, Downlink
 from runtime.wire.uplink import Uplink
 
 PyTree = Any
@@ -247,11 +247,13 @@ class Learner:
     return Report(self.index, params, book.tokens, book.steps, loss=book.last_loss, sent_at=now, **fields,
                   data_start=book.round_start, data_end=self._data.position, busy_seconds=book.unreported_busy,
                   round=book.round, total_steps=book.total_steps, payload=payload,
-                  base_mirror=self.downlink.key[0] if self.downlink else -1)
+                  base_mirror=self.downlink.key[0] if self.downlink else NO_MIRROR)
 
-  def live_versions(self) -> tuple[int, ...]:
-    """The Θ versions it works from: its base, or each fragment's."""
-    return (self.book.base_version,) if self.fragments.num == 1 else tuple(self.fragments.versions)
+  def live_bases(self) -> tuple[tuple[int, int], ...]:
+    """The Θ it works from as its reports name them, (mirror, version): its base, or each fragment's."""
+    mirror = self.downlink.key[0] if self.downlink else NO_MIRROR
+    versions = (self.book.base_version,) if self.fragments.num == 1 else tuple(self.fragments.versions)
+    return tuple((mirror, v) for v in versions)
 
   def owed_fragment(self) -> int:
     """The fragment of its outstanding report, or of the report it trains toward."""

@@ -45,14 +45,14 @@ def _probabilities(weights: jax.Array) -> jax.Array:
   return _safe_div(weights, jnp.sum(weights))
 
 
-def _sum_of_squares(x: jax.Array) -> jax.Array:
+def sum_of_squares(x: jax.Array) -> jax.Array:
   """Returns the fp32 sum of squares of one tensor's entries."""
   return jnp.sum(jnp.square(x.astype(jnp.float32)))
 
 
 def _norm(x: jax.Array) -> jax.Array:
   """Returns the fp32 Frobenius norm of one tensor."""
-  return jnp.sqrt(_sum_of_squares(x))
+  return jnp.sqrt(sum_of_squares(x))
 
 
 def _combine(coeffs: jax.Array, leaves: Sequence[jax.Array]) -> jax.Array:
@@ -131,5 +131,5 @@ def delta_is_finite(delta: PyTree) -> jax.Array:
 @jax.jit
 def global_norm(tree: PyTree) -> jax.Array:
   """Returns the fp32 L2 norm of all leaves taken together."""
-  return jnp.sqrt(sum((_sum_of_squares(leaf) for leaf in jax.tree.leaves(tree)),
+  return jnp.sqrt(sum((sum_of_squares(leaf) for leaf in jax.tree.leaves(tree)),
                       jnp.float32(0.0)))

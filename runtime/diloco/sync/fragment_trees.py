@@ -27,10 +27,10 @@ class FragmentTrees:
     leaves, self._treedef = jax.tree.flatten(tree)
     self.num = num
     self.groups = fragment_plan.pack([int(x.size) for x in leaves], num)
-    self._owner = [0] * len(leaves)  # leaf index -> its fragment
+    self.owner = [0] * len(leaves)  # leaf index -> its fragment
     for p, group in enumerate(self.groups):
       for i in group:
-        self._owner[i] = p
+        self.owner[i] = p
     self.nbytes = tuple(sum(leaves[i].size * leaves[i].dtype.itemsize for i in g) for g in self.groups)
 
   def part(self, tree: PyTree, p: int) -> PyTree:
@@ -38,7 +38,7 @@ class FragmentTrees:
     if self.num == 1:
       return tree
     leaves = jax.tree.leaves(tree)
-    return self._treedef.unflatten([x if self._owner[i] == p else None for i, x in enumerate(leaves)])
+    return self._treedef.unflatten([x if self.owner[i] == p else None for i, x in enumerate(leaves)])
 
   def put(self, tree: PyTree, part: PyTree, p: int) -> PyTree:
     """`tree` (whole) with fragment p's tensors taken from `part` (fragment p of a tree)."""
@@ -46,7 +46,7 @@ class FragmentTrees:
       return part
     mine = iter(jax.tree.leaves(part))
     leaves = jax.tree.leaves(tree)
-    return self._treedef.unflatten([next(mine) if self._owner[i] == p else x for i, x in enumerate(leaves)])
+    return self._treedef.unflatten([next(mine) if self.owner[i] == p else x for i, x in enumerate(leaves)])
 
 
 class LearnerFragments:

@@ -21,6 +21,9 @@ from runtime.diloco.sync import averaging
 from runtime.diloco.sync.fragment_trees import FragmentTrees
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.diloco.sync.messages import Delivery, Report
+from runtime.diloco.sync.shards import Shards
+from runtime.errors import ConfigError
+from runtime.train import tree_transfer
 from runtime.wire.codecs import Codec
 from runtime.wire.downlink import NO_MIRROR, Mirrors
 from runtime.wire.payload import CorruptPayload
@@ -76,10 +79,16 @@ def outer_optimizer(cfg: OuterConfig) -> optax.GradientTransformation:
   return optax.sgd(cfg.lr, momentum=cfg.momentum or None, nesterov=nesterov)
 
 
+def tensor_sums(tree: PyTree) -> jax.Array:
+  """Every tensor's fp32 sum of squares, in tree order (a norm is summed from them on the host: Shards.norm)."""
+  leaves = jax.tree.leaves(tree)
+  return jnp.stack([averaging.sum_of_squares(x) for x in leaves]) if leaves else jnp.zeros(0, jnp.float32)
+
+
 def outer_delta(ref: PyTree, local: PyTree) -> tuple[PyTree, jax.Array]:
-  """One learner's outer gradient Δ_m = Θ_ref − θ_m, and its global norm."""
+  """One learner's outer gradient Δ_m = Θ_ref − θ_m, and its tensors' sums of squares."""
   delta = jax.tree.map(jnp.subtract, ref, local)
-  return delta, averaging.global_norm(delta)
+  return delta, tensor_sums(delta)
 
 
 def merge_sizes(num_learners: int) -> tuple[int, ...]:
@@ -90,13 +99,13 @@ def merge_sizes(num_learners: int) -> tuple[int, ...]:
 def outer_step(theta: PyTree, opt_state: PyTree, deltas: Sequence[PyTree], weights: jax.Array, scale: jax.Array,
                momentum: jax.Array | None = None, *, tx: optax.GradientTransformation, method: str,
                mean_for: Callable[[str], bool] | None) -> tuple[PyTree, PyTree, jax.Array]:
-  """Θ' = Θ − outer_opt(scale · merge(Δ, w)); returns Θ', the optimizer state and the update's norm. `momentum`
-  (momentum_per = "round") is this merge's momentum decay."""
+  """Θ' = Θ − outer_opt(scale · merge(Δ, w)); returns Θ', the optimizer state and the update's tensors' sums of
+  squares. `momentum` (momentum_per = "round") is this merge's momentum decay."""
   if momentum is not None:
     opt_state.hyperparams["momentum"] = momentum
   delta = jax.tree.map(lambda d: d * scale, averaging.merge(deltas, weights, method=method, mean_for=mean_for))
   updates, opt_state = tx.update(delta, opt_state, theta)
-  return optax.apply_updates(theta, updates), opt_state, averaging.global_norm(updates)
+  return optax.apply_updates(theta, updates), opt_state, tensor_sums(updates)
 
 
 class Syncer:
@@ -104,7 +113,8 @@ class Syncer:
   reports waiting to be merged, and the moving averages behind the grace window."""
 
   def __init__(self, cfg: OuterConfig, params: PyTree, num_learners: int, overlap_steps: int = 0,
-               codec: Codec | None = None, mirrors: Mirrors | None = None, fragments: int = 1):
+               codec: Codec | None = None, mirrors: Mirrors | None = None, fragments: int = 1,
+               shards: Shards | None = None):
     self.cfg = cfg
     self.codec = codec  # decodes compressed reports (compression.up != "none")
     self.mirrors = mirrors  # what each learner holds, and Θ's updates to it (compression.down != "none")
@@ -112,16 +122,25 @@ class Syncer:
     self.tx = outer_optimizer(cfg)
     self._per_round = cfg.momentum_per == "round" and cfg.momentum > 0
     self.version = 0
-    self.params = params
-    self._sharding = jax.tree.leaves(params)[0].sharding  # the host CPU device, where all syncer work runs
+    # Where Θ's tensors live and merge: the host CPU device, or S of them (syncer.shards).
+    self.shards = shards or Shards(params, [jax.tree.leaves(params)[0].sharding])
+    self.params = params if self.shards.num == 1 else self.shards.place(params)
     self.trees = FragmentTrees(params, fragments)
     # Explicit: momentum buffers depend on no input value, so jit would otherwise put them on the default device.
-    init = jax.jit(self.tx.init, out_shardings=self._sharding)
-    self.opt_state = init(params) if fragments == 1 else tuple(init(self.trees.part(params, p))
-                                                               for p in range(fragments))
+    inits = [jax.jit(self.tx.init, out_shardings=sharding) for sharding in self.shards.shardings]
+    self.opt_state = self._outer_tree([[inits[s](part) if self.shards.holds(part, s) else None
+                                        for s, part in enumerate(self.shards.parts(self.trees.part(self.params, p)))]
+                                       for p in range(fragments)])
     self._overlap_steps = overlap_steps
-    self._history: dict[int, PyTree] = {0: params}
+    # Θ's history: every version a learner may still name (a report from a version no longer named is
+    # quarantined), and its tensors only where something reads them, else None (see commit).
+    self._history: dict[int, PyTree | None] = {0: self.params}
+    # Its readers: a whole report measured from its base, a compressed one rebuilt from it, a mirror's first update.
+    base = cfg.outer_grad_base == "base"
+    self._reads_history = (base and codec is None) or (not base and codec is not None) or mirrors is not None
     self._sent: dict[int, int] = {}  # learner -> the Θ version last sent to it (kept while it may be on its way)
+    self._mirrored: set[int] = set()  # learners whose last Θ went compressed (they read their mirror, not the history)
+    self._unadopted: dict[int, int] = {}  # ... and the version of it each has not adopted yet (resendable whole)
     self._accepted_norm_ema: list[float | None] = [None] * fragments  # per fragment
     self._pending: list[Report] = []
     self._failed_merges = 0  # merges in a row that committed nothing, and their reasons
@@ -130,6 +149,7 @@ class Syncer:
     self.xi_step, self.xi_quorum, self.xi_sync = (Ema(cfg.ema_decay) for _ in range(3))
     mean_for = averaging.is_embedding if cfg.embed_mean else None
     self._delta = jax.jit(outer_delta)
+    self._sums = jax.jit(tensor_sums)
     self._rebuild = jax.jit(lambda base, delta: jax.tree.map(lambda b, d: b - d.astype(b.dtype), base, delta))
     # The deltas (argument 2) are temporaries of this merge.
     self._step = jax.jit(functools.partial(outer_step, tx=self.tx, method=cfg.merge, mean_for=mean_for),
@@ -211,8 +231,14 @@ class Syncer:
   def base(self, report: Report) -> PyTree | None:
     """The Θ the report's learner started from: Θ_base whole, or its mirror Θ̃_m; None once it is gone."""
     if report.base_mirror == NO_MIRROR:
-      return self._history.get(report.base_version)
+      return self._history.get(report.base_version)  # (None too where no reader keeps its tensors)
     return self.mirrors.get(report.learner, report.base_mirror)
+
+  def _knows_base(self, report: Report) -> bool:
+    """Whether the Θ a report started from is still named (its tensors are kept only if something reads them)."""
+    if report.base_mirror == NO_MIRROR:
+      return report.base_version in self._history
+    return self.base(report) is not None
 
   def compute(self, reports: Sequence[Report], members: int | None = None) -> MergeResult:
     """Screens and merges `reports` into a new Θ; pure with respect to the syncer (see commit).
@@ -220,14 +246,13 @@ class Syncer:
     `members`: the learners present when the merge began (default: all there can be). The reports are all of one
     fragment, whose tensors alone the step moves."""
     p = reports[0].fragment
-    theta, outer = self.trees.part(self.params, p), self._outer_state(p)
-    opened = [self._open(r) for r in reports]
-    deltas, norms = zip(*(self._delta(self.reference(r), p) if not why else (None, np.float32(np.nan))
-                          for r, (p, why) in zip(reports, opened)))
+    theta, outer = self.trees.part(self.params, p), self._outer_states(p)
+    opened = [self._outer_gradient(r) for r in reports]
+    deltas, norms, whys = zip(*opened)
     norms = np.asarray(jax.device_get(norms), np.float64)
     keep, quarantined = [], []
     for i, (report, norm) in enumerate(zip(reports, norms)):
-      reason = opened[i][1] or self._screen(norm, p)
+      reason = whys[i] or self._screen(norm, p)
       if reason:
         quarantined.append((report.learner, reason))
       else:
@@ -246,68 +271,129 @@ class Syncer:
     fraction = len(kept) / (members or self.num_learners)
     scale = np.float32(fraction if self.cfg.scale == "fraction" else 1.0)
     # momentum_per = "round": the momentum decays by momentum^(n/M) at a merge of n of M learners.
-    momentum = (jax.device_put(np.float32(self.cfg.momentum ** fraction), self._sharding) if self._per_round
-                else None)
+    momentum = np.float32(self.cfg.momentum ** fraction) if self._per_round else None
     # Padded with zero deltas of weight 0 up to a compiled size, so no merge waits for a compilation.
     size = next(n for n in merge_sizes(self.num_learners) if n >= len(kept))
-    pads = [self._delta(theta, theta)[0] for _ in range(size - len(kept))]
     weights = np.concatenate([weights, np.zeros(size - len(kept), np.float32)])
-    # Every operand is placed explicitly where Θ lives (the host CPU), never on the default device.
-    theta, outer, update_norm = self._program(size, p)(
-        theta, outer, [deltas[i] for i in keep] + pads, *jax.device_put((weights, scale), self._sharding), momentum)
-    update_norm, delta_norm = float(update_norm), float(np.mean(norms[keep]))
+    parts, sums = [], []
+    for s, (theta_s, outer_s) in enumerate(zip(self.shards.parts(theta), outer)):
+      if outer_s is None:  # (no tensor of this fragment on shard s)
+        parts.append(theta_s)
+        sums.append(None)
+        continue
+      pads = [self._delta(theta_s, theta_s)[0] for _ in range(size - len(kept))]
+      # Every operand is placed explicitly where the shard lives (a host CPU), never on the default device.
+      theta_s, outer[s], sums_s = self._program(size, p, s)(
+          theta_s, outer_s, [deltas[i][s] for i in keep] + pads,
+          *jax.device_put((weights, scale, momentum), self.shards.shardings[s]))
+      parts.append(theta_s)
+      sums.append(sums_s)
+    theta = self.shards.join(parts)
+    update_norm, delta_norm = float(self.shards.norm(sums, theta)), float(np.mean(norms[keep]))
     reason = self._screen_step(update_norm, delta_norm, p)
     if reason:  # Θ would diverge: nothing is committed, and the reports' data is trained again
       return dataclasses.replace(rejected, quarantined=(*rejected.quarantined, *((r.learner, reason) for r in kept)))
     return MergeResult(
         version=self.version + 1, params=self.trees.put(self.params, theta, p),
-        opt_state=outer if self.trees.num == 1 else (*self.opt_state[:p], outer, *self.opt_state[p + 1:]),
+        opt_state=self._with_outer_states(p, outer),
         merged=tuple(r.learner for r in kept), fragment=p,
         quarantined=tuple(quarantined), weights=tuple(float(w) for w in weights[:len(kept)]),
         staleness=tuple(self.version - r.base_version for r in kept),
         delta_norms=tuple(float(norms[i]) for i in keep), update_norm=update_norm,
         tokens=sum(r.tokens for r in kept), steps=sum(r.steps for r in kept))
 
-  def _open(self, report: Report) -> tuple[PyTree, str]:
-    """θ_m of a report: sent whole, or rebuilt from its compressed outer gradient as Θ_base − Δ̂_m; or why not."""
-    base = self.base(report)
-    if base is None:
-      return None, f"its base Θ (version {report.base_version}, mirror {report.base_mirror}) is gone"
+  def _outer_gradient(self, report: Report) -> tuple[PyTree, Any, str]:
+    """A report's outer gradient measured from its reference Θ, and its norm; or why it cannot be.
+
+    θ_m sent whole: Θ_ref − θ_m. Compressed: Δ̂_m as sent where it was measured from the Θ the learner started from
+    (outer_grad_base "base"), else Θ_current − θ_m with θ_m rebuilt as Θ_base − Δ̂_m (Θ_base read from the history
+    or the learner's mirror)."""
+    nothing = np.float32(np.nan)
+    if not self._knows_base(report):
+      return None, nothing, f"its base Θ (version {report.base_version}, mirror {report.base_mirror}) is gone"
+    ref = self.reference(report)
     if report.payload is None:
-      return report.params, ""
+      local = report.params if self.shards.num == 1 else self.shards.place(report.params)
+      return (*self._per_shard(self._delta, ref, local), "")
     try:
-      delta = self.codec.open(report.payload)  # dequantized on the host CPU
+      delta = self.shards.place(self.codec.open(report.payload))  # dequantized on the host CPU
     except CorruptPayload as error:
-      return None, f"corrupt payload: {error}"
-    return self._rebuild(base, jax.device_put(delta, self._sharding)), ""
+      return None, nothing, f"corrupt payload: {error}"
+    if self.cfg.outer_grad_base == "base":
+      return (*self._per_shard(lambda d: (d, self._sums(d)), delta), "")
+    local = self.shards.join([self._rebuild(b, d) if self.shards.holds(b, s) else b for s, (b, d) in
+                              enumerate(zip(self.shards.parts(self.base(report)), self.shards.parts(delta)))])
+    return (*self._per_shard(self._delta, ref, local), "")
+
+  def _per_shard(self, program: Callable, tree: PyTree, *more: PyTree) -> tuple[list[PyTree | None], np.float32]:
+    """`program` (→ a tree and its tensors' sums of squares) on every shard holding tensors of `tree`: the trees
+    (None on a shard holding none) and the norm of them all."""
+    trees, sums = [], []
+    for s, parts in enumerate(zip(*(self.shards.parts(t) for t in (tree, *more)))):
+      if not self.shards.holds(parts[0], s):
+        trees.append(None)
+        sums.append(None)
+        continue
+      out, sums_s = program(*parts)
+      trees.append(out)
+      sums.append(sums_s)
+    return trees, self.shards.norm(sums, tree)
+
+  def land(self, params: PyTree) -> PyTree:
+    """A report's tensors copied where the syncer merges them (each on its shard's host CPU)."""
+    if self.shards.num == 1:
+      return tree_transfer.copy_to(params, self.shards.shardings[0])
+    return self.shards.place(params)
 
   def compile_merges(self) -> None:
     """Compiles the outer step for every fragment and merge size ahead of the first merge (off the critical path)."""
     for p in range(self.trees.num):
-      theta = self.trees.part(self.params, p)
-      self._delta(theta, theta)  # the per-report program too
-      for size in merge_sizes(self.num_learners):
-        self._program(size, p)
+      for s, theta in enumerate(self.shards.parts(self.trees.part(self.params, p))):
+        if self.shards.holds(theta, s):
+          self._delta(theta, theta)  # the per-report program too
+          for size in merge_sizes(self.num_learners):
+            self._program(size, p, s)
 
-  def _outer_state(self, p: int) -> PyTree:
-    """Fragment p's outer-optimizer state."""
-    return self.opt_state if self.trees.num == 1 else self.opt_state[p]
+  def _outer_tree(self, states: list[list[PyTree | None]]) -> PyTree:
+    """The outer state as kept (and checkpointed) from states[p][s] (fragment p, shard s): one tree with one fragment
+    and one shard, else a tuple per fragment of a tuple per shard (each level only where there are several)."""
+    per_fragment = [tuple(row) if self.shards.num > 1 else row[0] for row in states]
+    return tuple(per_fragment) if self.trees.num > 1 else per_fragment[0]
 
-  def _program(self, size: int, p: int) -> Any:
-    """The outer step compiled for `size` reports of fragment p (ahead of time, once per size and fragment)."""
-    if (p, size) not in self._programs:
+  def _outer_states(self, p: int) -> list[PyTree | None]:
+    """Fragment p's outer-optimizer state on each shard (None where the shard holds none of its tensors)."""
+    state = self.opt_state if self.trees.num == 1 else self.opt_state[p]
+    return list(state) if self.shards.num > 1 else [state]
+
+  def _with_outer_states(self, p: int, states: list[PyTree | None]) -> PyTree:
+    """The outer state with fragment p's replaced by `states` (one per shard)."""
+    rows = [self._outer_states(q) for q in range(self.trees.num)]
+    rows[p] = states
+    return self._outer_tree(rows)
+
+  def _program(self, size: int, p: int, s: int) -> Any:
+    """The outer step compiled for `size` reports of fragment p on shard s (ahead of time, once per size, fragment
+    and shard)."""
+    if (p, size, s) not in self._programs:
       like = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-      scalar = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=self._sharding)
+      sharding = self.shards.shardings[s]
+      scalar = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding)
       with warnings.catch_warnings():  # Θ and the momentum can reuse two of the donated deltas, not all
         warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-        theta = self.trees.part(self.params, p)
-        self._programs[p, size] = self._step.lower(like(theta), like(self._outer_state(p)), [like(theta)] * size,
-                                                   scalar((size,)), scalar(()),
-                                                   scalar(()) if self._per_round else None).compile()
-    return self._programs[p, size]
+        theta = self.shards.part(self.trees.part(self.params, p), s)
+        self._programs[p, size, s] = self._step.lower(like(theta), like(self._outer_states(p)[s]),
+                                                      [like(theta)] * size, scalar((size,)), scalar(()),
+                                                      scalar(()) if self._per_round else None).compile()
+    return self._programs[p, size, s]
 
-  def commit(self, result: MergeResult, live_versions: Sequence[int]) -> None:
-    """Adopts a computed merge; keeps only the Θ versions some learner still works from."""
+  def commit(self, result: MergeResult, live: Sequence[tuple[int, int]]) -> None:
+    """Adopts a computed merge; keeps only the Θ versions some learner may still name: `live` (the (mirror,
+    version) each learner works from), those last sent, and the current one.
+
+    A version's tensors are kept only where something reads them: a report's base whole (a whole report measured
+    from it, a compressed one rebuilt from it for the current Θ, the first compressed Θ down to a learner holding it
+    whole) and a compressed Θ not adopted yet (sent again whole if it cannot be). A learner holding a mirror reads
+    it, not the history; whole reports measured from the current Θ and compressed ones from their base read none."""
     self._failed = [] if result.merged else [*self._failed, *(why for _, why in result.quarantined)][-64:]
     self._failed_merges = 0 if result.merged else self._failed_merges + 1
     if result.merged:
@@ -315,20 +401,32 @@ class Syncer:
       mean_norm, ema = float(np.mean(result.delta_norms)), self._accepted_norm_ema[result.fragment]
       self._accepted_norm_ema[result.fragment] = mean_norm if not ema else 0.9 * ema + 0.1 * mean_norm
     self._history[self.version] = self.params
-    keep = set(live_versions) | set(self._sent.values()) | {self.version}
-    self._history = {v: p for v, p in self._history.items() if v in keep}
+    named = {v for _, v in live} | set(self._sent.values()) | {self.version}
+    read = {self.version}
+    if self._reads_history:
+      whole_sent = {v for m, v in self._sent.items() if m not in self._mirrored}
+      read |= {v for mirror, v in live if mirror == NO_MIRROR} | whole_sent | set(self._unadopted.values())
+    self._history = {v: p if v in read else None for v, p in self._history.items() if v in named}
+
+  def adopted(self, learner: int) -> None:
+    """The learner adopted the Θ last sent to it: a compressed one will not be sent again whole."""
+    self._unadopted.pop(learner, None)
 
   def answer(self, report: Report, verdict: str) -> Delivery:
     """The current Θ for the learner of a report that was "merged", "quarantined" (the learner starts
     afresh from Θ and trains that report's data again) or "lost" on its link (it trains it again)."""
     rewind_to = None if verdict == "merged" else report.data_start
     self._sent[report.learner] = self.version  # its next report may be measured from it, adopted after a slow trip
+    self._mirrored.discard(report.learner)  # (until it goes compressed, below)
+    self._unadopted.pop(report.learner, None)
     if self.trees.num > 1 and verdict == "merged":  # only the fragment's new tensors go down
       return Delivery(self.version, self.trees.part(self.params, report.fragment), report.round,
                       fragment=report.fragment)
     base = self.base(report) if self.mirrors and verdict != "quarantined" else None  # a reset gets Θ whole
     if base is None:
       return Delivery(self.version, self.params, report.round, reset=verdict == "quarantined", rewind_to=rewind_to)
+    self._mirrored.add(report.learner)
+    self._unadopted[report.learner] = self.version
     payload, mirror = self.mirrors.send(report.learner, self.params, base)
     return Delivery(self.version, None, report.round, rewind_to=rewind_to, payload=payload,
                     base=(report.base_mirror, report.base_version), mirror=mirror)
@@ -367,24 +465,38 @@ class Syncer:
 
   def snapshot(self, packer: snapshot_lib.Packer) -> dict:
     """Θ, its version and history, the outer optimizer, the waiting reports, the screens' and grace window's state."""
-    return dict(version=self.version, params=packer.tree(self.params, "params"),
+    return dict(version=self.version, shards=self.shards.num, params=packer.tree(self.params, "params"),
                 opt_state=packer.tree(self.opt_state, "outer"),
                 history=[[v, packer.tree(p, "params")] for v, p in self._history.items()],
                 accepted_norm_ema=self._accepted_norm_ema[0] if self.trees.num == 1 else self._accepted_norm_ema,
                 pending=[packer.value(r) for r in self._pending],
                 failed_merges=self._failed_merges, failed=list(self._failed), sent=sorted(self._sent.items()),
+                mirrored=sorted(self._mirrored), unadopted=sorted(self._unadopted.items()),
                 emas=[e.snapshot() for e in (self.xi_step, self.xi_quorum, self.xi_sync)],
                 mirrors=self.mirrors.snapshot(packer) if self.mirrors else None)
 
   def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker) -> None:
+    """The syncer as `snapshot` saw it, each tensor where this syncer keeps it; refused (one line) if it was saved
+    in another number of shards (their outer-optimizer states are one per shard)."""
+    if saved.get("shards", 1) != self.shards.num:
+      raise ConfigError("syncer.shards", self.shards.num, f"{saved.get('shards', 1)}, as the checkpoint was saved "
+                        "with (resume with the same number of syncer shards)")
     self.version = saved["version"]
-    self.params, self.opt_state = unpacker.tree(saved["params"]), unpacker.tree(saved["opt_state"])
-    self._history = {v: unpacker.tree(p) for v, p in saved["history"]}
+    place, where = (self.shards.placer(), "shards") if self.shards.num > 1 else (None, snapshot_lib.HOST)
+    self.params = unpacker.tree(saved["params"], place, where)
+    self._history = {v: unpacker.tree(p, place, where) for v, p in saved["history"]}
+    self.opt_state = unpacker.tree(saved["opt_state"])
+    if self.shards.num > 1:  # each shard's state (a tuple per shard, per fragment with several) onto its device
+      self.opt_state = self._outer_tree([[None if state is None else jax.device_put(state, self.shards.shardings[s])
+                                          for s, state in enumerate(self._outer_states(p))]
+                                         for p in range(self.trees.num)])
     ema = saved["accepted_norm_ema"]
     self._accepted_norm_ema = list(ema) if isinstance(ema, list) else [ema]
     self._pending = [unpacker.value(r) for r in saved["pending"]]
     self._failed_merges, self._failed = saved["failed_merges"], list(saved["failed"])
     self._sent = dict(saved.get("sent", []))  # (checkpoints from before it was kept)
+    # (checkpoints from before the history kept only what is read: every sent Θ counts as whole, kept as then)
+    self._mirrored, self._unadopted = set(saved.get("mirrored", [])), dict(saved.get("unadopted", []))
     for ema, state in zip((self.xi_step, self.xi_quorum, self.xi_sync), saved["emas"]):
       ema.restore(state)
     if self.mirrors:
