@@ -26,9 +26,9 @@ def packable(tree: PyTree, sharding: PyTree) -> bool:
           and len({x.dtype for x in leaves}) == 1 and _devices(leaves) == 1)
 
 
-def _devices(leaves: list[jax.Array]) -> int:
-  """How many devices the leaves are on, together."""
-  return len({d for x in leaves for d in x.sharding.device_set})
+def _devices(leaves: list[Any]) -> int:
+  """How many devices the leaves are on, together (host arrays: none)."""
+  return len({d for x in leaves if isinstance(x, jax.Array) for d in x.sharding.device_set})
 
 
 @jax.jit

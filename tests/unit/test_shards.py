@@ -110,3 +110,17 @@ def test_a_sharded_syncer_restored_from_a_snapshot_of_another_number_of_shards_i
   one = Syncer(OuterConfig(), _tree(0), 2)
   with pytest.raises(ConfigError, match=r"syncer.shards.*1.*2, as the checkpoint was saved"):
     one.restore(saved, unpacker=None)  # (refused before any tree is read)
+
+
+def test_theta_in_shards_or_in_host_memory_reaches_a_learner_on_several_devices_as_its_own_copy():
+  """A sharded syncer's Θ (tensors on four devices) and a learner's host copy of Θ (NumPy, compression down) both go
+  onto a learner's two-device sharding: equal values, no buffer shared with the source."""
+  from runtime.train import tree_transfer  # pylint: disable=g-import-not-at-top
+  shards = _shards(4)
+  learner = NamedSharding(devices_lib.slice_mesh(jax.devices("cpu")[4:6]), P())
+  for source in (shards.place(_tree(3)), jax.device_get(_tree(3))):
+    copied = tree_transfer.copy_to(source, learner)
+    for x, y in zip(jax.tree.leaves(source), jax.tree.leaves(copied)):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+      assert y.sharding == learner and (not isinstance(x, jax.Array) or
+                                        x.unsafe_buffer_pointer() != y.addressable_shards[0].data.unsafe_buffer_pointer())
