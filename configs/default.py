@@ -32,6 +32,11 @@ def get_config() -> ml_collections.ConfigDict:
   # split over both, parameters replicated across slices). When one fails the learner reconfigures or restarts, by
   # faults.learner_recovery. Modes decoupled and diloco_sync, no capacity.schedule; 1 = one slice each.
   config.slices_per_learner = 1
+  # With fewer devices than slices (M learners on one accelerator, or num_devices < learners on CPU), give each
+  # slice one device, round-robin: learners on one device take turns, so it runs a quality study, not a speedup.
+  # The virtual clock's numbers are those of separate devices. Modes decoupled and diloco_sync (dp ignores it;
+  # dp_elastic and dp_restart refuse it).
+  config.share_devices = False
   # H: inner steps between a learner's reports.
   config.inner_steps = 30
   # τ: inner steps a learner keeps training while its report is merged (0 = wait for Θ).

@@ -37,13 +37,18 @@ def controller_devices(num_devices: int) -> list[jax.Device]:
   return devices
 
 
-def make_slices(devices: Sequence[jax.Device], num_slices: int) -> list[list[jax.Device]]:
-  """Groups devices into slices: by `slice_index` on multislice hardware, else equal consecutive groups."""
+def make_slices(devices: Sequence[jax.Device], num_slices: int, share: bool = False) -> list[list[jax.Device]]:
+  """Groups devices into slices: by `slice_index` on multislice hardware, else equal consecutive groups; with
+  `share` and fewer devices than slices, one device per slice, round-robin (slices on one device take turns)."""
   groups = multislice.slice_groups(devices)
   if groups is not None:
     if len(groups) != num_slices:
       raise ConfigError("slices", num_slices, f"the {len(groups)} hardware slices present")
     return groups
+  if share and 0 < len(devices) < num_slices:
+    if num_slices % len(devices):
+      raise ConfigError("slices", num_slices, f"a multiple of the {len(devices)} devices when slices share them")
+    return [[devices[i % len(devices)]] for i in range(num_slices)]
   if num_slices < 1 or len(devices) % num_slices:
     raise ConfigError("slices", num_slices, f"a divisor of the {len(devices)} devices")
   per_slice = len(devices) // num_slices

@@ -140,6 +140,7 @@ class RunConfig:
   learners: int = 4
   slices: int = 0  # 0 = slices_per_learner slices per learner; more leaves spare slices
   slices_per_learner: int = 1  # k: a learner's round runs data-parallel over k slices (cluster/learner_slices.py)
+  share_devices: bool = False  # fewer devices than slices: the slices take one device each, round-robin
   inner_steps: int = 30  # H
   overlap_steps: int = 0  # τ: inner steps a learner keeps training while its report syncs
   profile_rounds: int = 0  # rounds of every learner traced with jax.profiler into <run>/profile/; 0 = none
@@ -349,8 +350,9 @@ def _validate(run: RunConfig) -> None:
         "'local' unless pathwaysutils is installed (the `pathways` extra: pip install -e '.[pathways]')")
   check(run.learners >= 1, "learners", run.learners, "an integer >= 1")
   if run.mode != "dp":
-    check(run.learners <= run.num_devices, "learners", run.learners, f"at most num_devices ({run.num_devices}): "
-          "each learner needs a slice of at least one device (raise num_devices, or use fewer learners)")
+    check(run.learners <= run.num_devices or run.share_devices, "learners", run.learners, f"at most num_devices "
+          f"({run.num_devices}): each learner needs a slice of at least one device (raise num_devices, use fewer "
+          "learners, or set share_devices=True to let slices share devices)")
   learner_slices.validate(run)
   check(run.slices == 0 or run.learners <= run.slices <= run.num_devices, "slices", run.slices,
          f"0 (one per learner) or from learners ({run.learners}) to num_devices ({run.num_devices})")
@@ -387,15 +389,24 @@ def _validate(run: RunConfig) -> None:
   data_config.validate(run)
   capacity_lib.validate(run)
   groups = run.learners if run.mode in ("decoupled", "diloco_sync", "dp_elastic", "dp_restart") else 1
-  per_slice = run.num_devices // max(run.num_slices + run.lent_slices, 1)
+  shared = run.share_devices and run.num_devices < run.num_slices + run.lent_slices
+  per_slice = 1 if shared else run.num_devices // max(run.num_slices + run.lent_slices, 1)
   check(d.batch_size >= 1 and (bool(d.learner_batches) or d.batch_size % groups == 0), "data.batch_size",
         d.batch_size, f"a positive multiple of learners ({groups}), or data.learner_batches summing to it")
   if run.mode == "dp":  # one mesh over every device
     check(d.batch_size % run.num_devices == 0, "data.batch_size", d.batch_size,
            f"a multiple of num_devices ({run.num_devices})")
   else:
-    check(run.num_devices % (run.num_slices + run.lent_slices) == 0, "num_devices", run.num_devices,
-           f"a multiple of the number of slices ({run.num_slices} owned + {run.lent_slices} lent at most)")
+    check(not shared or run.mode in ("decoupled", "diloco_sync"), "share_devices", run.share_devices,
+          f"False in mode '{run.mode}' with fewer devices ({run.num_devices}) than slices: slices share devices in "
+          "modes decoupled and diloco_sync")
+    if shared:
+      check((run.num_slices + run.lent_slices) % run.num_devices == 0, "num_devices", run.num_devices,
+            f"a divisor of the number of slices ({run.num_slices} owned + {run.lent_slices} lent at most) when "
+            "share_devices puts several slices on one device")
+    else:
+      check(run.num_devices % (run.num_slices + run.lent_slices) == 0, "num_devices", run.num_devices,
+            f"a multiple of the number of slices ({run.num_slices} owned + {run.lent_slices} lent at most)")
     if d.learner_batches:
       check(len(d.learner_batches) == run.learners and sum(d.learner_batches) == d.batch_size
             and all(b > 0 and b % (per_slice * run.slices_per_learner) == 0 for b in d.learner_batches),

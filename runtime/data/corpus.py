@@ -119,6 +119,15 @@ def resolve(path: str, field: str = "data.path") -> tuple[pathlib.Path, list[pat
   return root, non_empty
 
 
+def content_size(path: str) -> dict[str, int] | None:
+  """How much text is at `path` before data.max_bytes caps it: its files and bytes (None for a prepared dataset,
+  which its digest names). Two machines' "stdlib" differ in both: each Python ships its own standard library."""
+  if manifest.path_of(path) is not None:
+    return None
+  files = resolve(path)[1]
+  return dict(files=len(files), bytes=sum(f.stat().st_size for f in files))
+
+
 def content_digest(path: str) -> str:
   """What the data at `path` is, independent of where it lies: a prepared dataset's tokenizer and shard checksums
   (read from its manifest), or text's file names relative to its root and their bytes. Equal digests train alike."""

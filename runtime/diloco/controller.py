@@ -53,7 +53,7 @@ class Controller:
     self.run, self.exp, self.workdir, self.name = run, exp, workdir, name
     f = run.faults
     devices = devices_lib.make_slices(devices_lib.controller_devices(run.num_devices),
-                                      run.num_slices + run.lent_slices)
+                                      run.num_slices + run.lent_slices, run.share_devices)
     self.host_mesh = devices_lib.slice_mesh([devices_lib.host_device()])
     self.host_sharding = NamedSharding(self.host_mesh, P())
     real_trace = bool(f.trace) and run.clock.kind == "real"  # (the real clock injects a replayed trace's crashes)

@@ -22,7 +22,7 @@ from runtime.run_lock import RunLock, is_lock_file
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "ml-collections", "absl-py", "numpy",
              "pathwaysutils")
 _REPO = pathlib.Path(__file__).resolve().parent.parent
-RUN_JSON = "run.json"  # what the run is: its config, its data's digest, its environment
+RUN_JSON = "run.json"  # what the run is: its config, its data's digest and size, its environment
 RESULT_JSON = "result.json"  # its row of the summary table, written when it ends
 _LEGACY_MODEL_JSON = "model/model.json"  # how a finished run showed it before result.json was written
 
@@ -194,7 +194,7 @@ def write(run: RunConfig, run_dir: str | os.PathLike, name: str) -> pathlib.Path
   record = dict(name=name, mode=run.mode, seed=run.seed,
                 time="modeled (virtual clock)" if run.clock.kind == "virtual" else "wall (real clock)",
                 config=_config_json(run), data_digest=corpus.content_digest(run.data.path),
-                environment=environment())
+                data_size=corpus.content_size(run.data.path), environment=environment())
   cpu = record["environment"]["backend"] == "cpu"
   record["environment"]["devices_used"] = run.num_devices if cpu else record["environment"]["device_count"]
   path.write_text(json.dumps(record, indent=2, allow_nan=True, default=str) + "\n")

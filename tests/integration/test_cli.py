@@ -133,6 +133,7 @@ def test_readme_first_command_runs_from_the_repositorys_parent_directory(tmp_pat
   assert record["config"]["outer"]["quorum"] == 2 and record["seed"] == 0
   assert record["environment"]["devices_used"] == 2 and record["environment"]["packages"]["jax"]
   assert record["time"].startswith("modeled")
+  assert record["data_size"]["files"] > 100 and record["data_size"]["bytes"] > 1e6  # the corpus before max_bytes
   results = json.loads((tmp_path / "run" / "results.json").read_text())
   assert results[0]["run"] == run_dir.name and results[0]["eval_loss"] < 5.6
   assert f"outputs in {tmp_path / 'run'}/" in out.stdout and "run.json" in out.stdout
