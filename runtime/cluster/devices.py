@@ -45,7 +45,7 @@ def make_slices(devices: Sequence[jax.Device], num_slices: int, share: bool = Fa
     if len(groups) != num_slices:
       raise ConfigError("slices", num_slices, f"the {len(groups)} hardware slices present")
     return groups
-  if share and 0 < len(devices) < num_slices:
+  if share and len(devices) < num_slices:
     if num_slices % len(devices):
       raise ConfigError("slices", num_slices, f"a multiple of the {len(devices)} devices when slices share them")
     return [[devices[i % len(devices)]] for i in range(num_slices)]

@@ -119,23 +119,21 @@ def resolve(path: str, field: str = "data.path") -> tuple[pathlib.Path, list[pat
   return root, non_empty
 
 
-def content_size(path: str) -> dict[str, int] | None:
-  """How much text is at `path` before data.max_bytes caps it: its files and bytes (None for a prepared dataset,
-  which its digest names). Two machines' "stdlib" differ in both: each Python ships its own standard library."""
-  if manifest.path_of(path) is not None:
-    return None
-  files = resolve(path)[1]
-  return dict(files=len(files), bytes=sum(f.stat().st_size for f in files))
-
-
 def content_digest(path: str) -> str:
   """What the data at `path` is, independent of where it lies: a prepared dataset's tokenizer and shard checksums
   (read from its manifest), or text's file names relative to its root and their bytes. Equal digests train alike."""
+  return content_identity(path)[0]
+
+
+def content_identity(path: str) -> tuple[str, dict[str, int] | None]:
+  """content_digest(path), and for text how much is there before data.max_bytes caps it: its files and bytes (None
+  for a prepared dataset, which its digest names). Two machines' "stdlib" differ in both: each Python ships its
+  own standard library."""
   if manifest.path_of(path) is not None:
-    return "prepared:" + manifest.digest(manifest.read(path))
+    return "prepared:" + manifest.digest(manifest.read(path)), None
   root, files = resolve(path)
   seen = tuple((f.relative_to(root).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-  return _text_digest(root, seen)
+  return _text_digest(root, seen), dict(files=len(seen), bytes=sum(size for _, size, _ in seen))
 
 
 @functools.lru_cache(maxsize=16)  # a process that starts many runs on one corpus reads it once

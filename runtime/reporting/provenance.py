@@ -191,10 +191,10 @@ def write(run: RunConfig, run_dir: str | os.PathLike, name: str) -> pathlib.Path
   """Writes `run_dir/run.json`: the run's name, seed, time model, full resolved config and environment."""
   path = pathlib.Path(run_dir) / RUN_JSON
   path.parent.mkdir(parents=True, exist_ok=True)
+  digest, size = corpus.content_identity(run.data.path)
   record = dict(name=name, mode=run.mode, seed=run.seed,
                 time="modeled (virtual clock)" if run.clock.kind == "virtual" else "wall (real clock)",
-                config=_config_json(run), data_digest=corpus.content_digest(run.data.path),
-                data_size=corpus.content_size(run.data.path), environment=environment())
+                config=_config_json(run), data_digest=digest, data_size=size, environment=environment())
   cpu = record["environment"]["backend"] == "cpu"
   record["environment"]["devices_used"] = run.num_devices if cpu else record["environment"]["device_count"]
   path.write_text(json.dumps(record, indent=2, allow_nan=True, default=str) + "\n")
