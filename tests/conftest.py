@@ -31,6 +31,21 @@ def _one_compile_for_all_slices() -> None:
 _one_compile_for_all_slices()
 
 
+@pytest.fixture(autouse=True)
+def _records_sane(monkeypatch):
+  """Every run a test trains through `modes` keeps the records' invariants (tests/invariants.py)."""
+  from runtime.experiments import modes  # pylint: disable=g-import-not-at-top
+  train_in = modes._train_in  # pylint: disable=protected-access
+
+  def checked(*args, **kwargs):
+    from invariants import assert_records_sane  # pylint: disable=g-import-not-at-top
+    result = train_in(*args, **kwargs)
+    assert_records_sane(result)
+    return result
+
+  monkeypatch.setattr(modes, "_train_in", checked)
+
+
 @pytest.fixture
 def tiny_config():
   """A seconds-long run on a slice of the real corpus: tiny model, short sequences, no files."""

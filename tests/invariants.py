@@ -20,3 +20,20 @@ def assert_data_accounted(result, seq_len: int) -> None:
   assert sorted(leased + returned) == list(range(d["frontier"])), "a window was lost"
   assert set(merged) <= set(leased)
   assert len(merged) * seq_len == result.tokens
+
+
+def assert_records_sane(result) -> None:
+  """What every run's records keep: busy fractions and goodput are shares in [0, 1], and, under the virtual clock, the
+  records' modeled times never decrease (under the real clock a record's wall time is when its event happened, and
+  events on the merge thread and the controller's are logged a little out of order)."""
+  times = [r["time"] for r in result.records if "time" in r and result.time_kind == "modeled"]
+  for earlier, later in zip(times, times[1:]):
+    assert later >= earlier, f"{result.run}: a record at time {later} after one at {earlier}"
+  for r in result.records:
+    for field in ("busy", "goodput"):
+      values = r.get(field)
+      for v in values if isinstance(values, list) else [] if values is None else [values]:
+        assert 0.0 <= v <= 1.0, f"{result.run}: {r['kind']} record at {r.get('time')}: {field} {values} outside [0, 1]"
+  for field in ("busy_mean", "busy_min", "goodput"):
+    v = result.extras.get(field)
+    assert v is None or v != v or 0.0 <= v <= 1.0, f"{result.run}: {field} {v} outside [0, 1]"

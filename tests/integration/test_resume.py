@@ -208,3 +208,28 @@ def test_per_round_outer_momentum_resumes_bit_identical_and_moves_with_one_learn
   tiny_config.outer.momentum_per = "merge"
   other = modes.train(tiny_config, tmp_path / "per_merge")[0]
   assert other.final_eval_loss != result.final_eval_loss
+
+
+
+def _queued_matrix():
+  """parts_in_flight × overlap_steps × outer.keep_training (it needs overlap) × jitter; three cases with two parts in
+  flight in the default suite, the other nine under -m slow (CI time: ~10 s a case)."""
+  for in_flight in (1, 2):
+    for overlap in (0, 2):
+      for keep in (False, True)[:1 + (overlap > 0)]:
+        for jitter in (0.0, 0.1):
+          slow = (in_flight, overlap, keep, jitter) not in ((2, 2, False, 0.0), (2, 2, True, 0.1), (2, 0, False, 0.1))
+          yield pytest.param(in_flight, overlap, keep, jitter, marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("in_flight,overlap,keep_training,jitter", _queued_matrix())
+def test_parts_queued_behind_each_other_resume_bit_identical(tiny_config, tmp_path, monkeypatch, in_flight, overlap,
+                                                            keep_training, jitter):
+  """A part queued behind another keeps the modeled time it waits across a resume (it was lost: the resumed run's
+  merges came earlier and its busy fractions went above 1)."""
+  tiny_config.clock.speeds = (1.0, 1.1, 1.2, 1.3)  # parts queue behind each other at different modeled times
+  tiny_config.total_steps = 40
+  tiny_config.parts_in_flight, tiny_config.overlap_steps = in_flight, overlap
+  tiny_config.outer.keep_training, tiny_config.clock.jitter = keep_training, jitter
+  tiny_config.checkpoint_every = 1
+  assert_resumes_bit_identical(tiny_config, tmp_path, monkeypatch, kills=(3,))

@@ -119,20 +119,20 @@ def pack_part(part: RoundPart | None, packer: snapshot_lib.Packer, group: str) -
     return None
   return dict(kind=part.kind, steps=part.steps, tokens=part.tokens, started_at=part.started_at,
               modeled_seconds=part.modeled_seconds, metrics=packer.tree(part.metrics, "dict", group),
-              failure=part.failure)
+              failure=part.failure, queued_seconds=part.queued_seconds)
 
 
 def unpack_part(saved: dict | None, unpacker: snapshot_lib.Unpacker, group: str, state: TrainState | None,
                 mesh: jax.sharding.Mesh, failure: str) -> RoundPart | None:
   """The part `pack_part` saved, producing `state`, its metrics replicated on `mesh` (none once it failed: its
-  error, or the `failure` of its group's arrays)."""
+  error, or the `failure` of its group's arrays; a checkpoint from before parts kept their queued time: none)."""
   if saved is None:
     return None
   replicated = NamedSharding(mesh, P())
   failure = saved["failure"] or failure
   metrics = None if failure else unpacker.tree(saved["metrics"], lambda x, _: jax.device_put(x, replicated), group)
   return RoundPart(saved["kind"], saved["steps"], saved["tokens"], saved["started_at"], saved["modeled_seconds"],
-                   state, metrics, failure=failure)
+                   state, metrics, failure=failure, queued_seconds=saved.get("queued_seconds", 0.0))
 
 
 def pack_before(before: tuple[TrainState, dict] | None, packer: snapshot_lib.Packer, group: str) -> dict | None:
