@@ -43,8 +43,8 @@ class FakeLearner:
   def has_theta(self) -> bool:
     return self.inbox is not None
 
-  def after_queued(self) -> str:
-    return "after_report" if self.parts and self.parts[-1].kind == "main" else "adopt" if self.inbox else "train_on"
+  def newest_part(self) -> str:
+    return self.parts[-1].kind if self.parts else ""
 
   def seconds_per_step(self, part) -> float:
     return (part.modeled_seconds or self.device.last_seconds) / part.steps

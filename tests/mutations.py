@@ -235,6 +235,19 @@ MUTATIONS = {
         "runtime/diloco/sync/syncer.py", "np.float32(self.cfg.momentum ** fraction)", "np.float32(self.cfg.momentum)",
         "tests/unit/test_syncer.py::"
         "test_per_round_momentum_decays_by_mu_per_m_reports_and_equals_per_merge_momentum_for_full_merges"),
+    # Asynchrony 1 of 3: the round plan; the resume of parts queued behind another
+    "last_report_overtakes_the_parts_in_flight": (
+        "runtime/diloco/round_plan.py", "    if view.in_flight and min(main_steps(run), view.steps_left) < 1:",
+        "    if False:",
+        "tests/unit/test_round_plan.py::"
+        "test_the_budgets_last_main_part_is_what_is_left_and_with_nothing_left_the_carried_work_is_reported"),
+    "overlap_after_theta_skipped": (
+        "runtime/diloco/round_plan.py", "  if view.newest == MAIN:\n", "  if view.newest == MAIN and not view.has_theta:\n",
+        "tests/unit/test_round_plan.py::"
+        "test_a_round_is_a_main_part_of_h_minus_tau_steps_then_tau_steps_of_overlap_then_theta"),
+    "queued_part_forgets_its_wait_on_resume": (
+        "runtime/diloco/learner/parts.py", 'queued_seconds=saved.get("queued_seconds", 0.0))', "queued_seconds=0.0)",
+        "tests/integration/test_resume.py::test_parts_queued_behind_each_other_resume_bit_identical"),
     "tensor_axis_never_used": (
         "models/lm.py", "if rules.get(name) == \"tensor\" and leaf.shape[axis] % tensor == 0:", "if False:",
         "tests/integration/test_llama_mesh.py::test_a_learners_parameters_are_split_across_tensor_by_their_logical_axes"),

@@ -1,9 +1,10 @@
 """The learners' rounds within the token budget: dispatching their parts, their reports up, and Θ down to them.
 
 Each learner's round is a main part of H − τ steps that ends in a report and an overlap part of τ steps that trains
-while the report syncs; the learner adopts the Θ that answers it and starts its next round. With two parts in flight
-(`queue_depth`), a learner's next part is enqueued while the current one runs whenever the learner knows what comes
-next (`Learner.after_queued`), so its device never waits for the controller to handle a completion.
+while the report syncs; the learner adopts the Θ that answers it and starts its next round. What comes next and for
+how long is the round plan's (runtime/diloco/round_plan.py). With two parts in flight (`queue_depth`), a learner's
+next part is enqueued while the current one runs whenever the plan knows it from the newest part in flight, so its
+device never waits for the controller to handle a completion.
 """
 
 import time
@@ -12,10 +13,12 @@ from typing import Sequence
 from runtime.config.run import RunConfig
 from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner.learner import ADOPT, AFTER_REPORT, Learner
+from runtime.diloco import round_plan
+from runtime.diloco.learner.learner import Learner
 from runtime.diloco.learner.lifecycle import RECONFIGURING, TRAINING, WAITING
 from runtime.diloco.learner.parts import RoundPart
 from runtime.diloco.profiling import annotate
+from runtime.diloco.round_plan import MAIN, OVERLAP
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.slices.lifecycle import SliceLifecycle
 from runtime.diloco.sync.messages import Delivery
@@ -47,32 +50,36 @@ class Rounds:
 
   # Dispatch ----------------------------------------------------------------------------------------
 
+  def _next(self, learner: Learner, newest: str) -> round_plan.Next:
+    """The round plan's next step for the learner, after a part of kind `newest` ("": a new round)."""
+    view = round_plan.View(newest=newest, has_theta=learner.has_theta(), in_flight=learner.parts_in_flight() > 0,
+                           steps_left=self._budget.steps_left(learner), unreported_tokens=learner.tokens)
+    return round_plan.next_part(self._run, view)
+
   def start_round(self, learner: Learner) -> None:
-    """Dispatches the main part: H − τ steps, or the whole steps left of the budget if fewer."""
-    steps = min(self._run.round_steps - self._run.overlap_steps, self._budget.steps_left(learner))
-    if steps < 1 and learner.tokens:  # the budget is spent: report the overlap work carried onto Θ
+    """Dispatches the main part (round_plan: H − τ steps, or the whole steps left of the budget if fewer), or sends
+    the budget's last report."""
+    then = self._next(learner, "")
+    if then.action == round_plan.REPORT:  # the budget is spent: report the overlap work carried onto Θ
       self._send_report(learner, self._clock.now())
       return
-    if self._dispatch(learner, "main", max(steps, 1)):
+    if self._dispatch(learner, MAIN, then.steps):
       self.top_up(learner)
 
   def top_up(self, learner: Learner) -> None:
     """Queues the learner's next parts behind those in flight, up to the queue depth, while what comes next is
     known (see the module's docstring)."""
     while 0 < learner.parts_in_flight() < self._depth and learner.status == TRAINING:
-      after = learner.after_queued()
-      if after == AFTER_REPORT:
-        if not self._run.overlap_steps:
-          return  # it waits for Θ
-        learner.capture_report()  # before the overlap part donates the main part's state
-        if not self._dispatch(learner, "overlap", self._run.overlap_steps):
-          return
-      elif after == ADOPT:
-        if min(self._run.round_steps - self._run.overlap_steps, self._budget.steps_left(learner)) < 1:
-          return  # the budget's last report waits for the parts in flight
+      newest = learner.newest_part()
+      then = self._next(learner, newest)
+      if then.action == round_plan.ADOPT:
         self._adopt(learner)  # enqueued behind the running part, and the next round's main part with it
         return
-      elif not (self._run.outer.keep_training and self._dispatch(learner, "overlap", self._run.overlap_steps)):
+      if then.action != OVERLAP:
+        return  # it waits: for Θ, or for its parts in flight (the budget's last report)
+      if newest == MAIN:
+        learner.capture_report()  # before the overlap part donates the main part's state
+      if not self._dispatch(learner, OVERLAP, then.steps):
         return
 
   def _dispatch(self, learner: Learner, kind: str, steps: int) -> bool:
@@ -81,7 +88,7 @@ class Rounds:
     if steps > self._budget.steps_left(learner):
       if learner.parts_in_flight():  # (it settles when they are done)
         return False
-      if kind == "main":  # (a finished learner lowers the effective quorum: the loop's merge check sees it)
+      if kind == MAIN:  # (a finished learner lowers the effective quorum: the loop's merge check sees it)
         learner.finish(self._clock.now())
       else:
         learner.wait(self._clock.now())
@@ -117,19 +124,16 @@ class Rounds:
   def _continue(self, learner: Learner, part: RoundPart, now: float) -> None:
     """After a part: its report sent (a main part's), and the learner's next part dispatched, or it waits."""
     self._syncer.observe_round(learner.seconds_per_step(part))
-    if part.kind == "main":
+    if part.kind == MAIN:
       self._send_report(learner, now)
     if learner.parts_in_flight():  # its next part runs already
       self.top_up(learner)
       return
-    if part.kind == "main":
-      overlap = self._run.overlap_steps
-    elif learner.has_theta():
+    then = self._next(learner, part.kind)
+    if then.action == round_plan.ADOPT:
       self._adopt(learner)
       return
-    else:
-      overlap = self._run.overlap_steps if self._run.outer.keep_training else 0
-    if overlap and self._dispatch(learner, "overlap", overlap):
+    if then.action == OVERLAP and self._dispatch(learner, OVERLAP, then.steps):
       self.top_up(learner)
     elif learner.status == TRAINING:
       learner.wait(now)  # (a dispatch that failed left it down or failed, or done)
@@ -140,10 +144,10 @@ class Rounds:
     self._slices.regroup(learner)
     if learner.has_theta():  # Θ arrived meanwhile
       self._adopt(learner)
-    elif event.payload == "main":
+    elif event.payload == MAIN:
       self.start_round(learner)
-    elif event.payload == "overlap":
-      self._dispatch(learner, "overlap", self._run.overlap_steps)
+    elif event.payload == OVERLAP:  # its overlap part is lost: what follows its main part, again
+      self._dispatch(learner, OVERLAP, self._next(learner, MAIN).steps)
     else:
       learner.wait(self._clock.now())
 
@@ -208,5 +212,5 @@ class Rounds:
       self.start_round(learner)
     elif learner.status == RECONFIGURING:  # it grows onto a slice given meanwhile: its round starts when that ends
       self._clock.amend(lambda e: e.learner == m and e.kind == EventKind.RECONFIGURED,
-                        lambda e: Event(e.kind, m, "main"))
+                        lambda e: Event(e.kind, m, MAIN))
 

@@ -23,6 +23,8 @@ from runtime.config.run import RunConfig
 from runtime.data.service import LeasedStream
 from runtime.diloco.learner import placement as placement_lib
 from runtime.diloco.learner import receive as receive_lib
+from runtime.diloco import round_plan
+from runtime.diloco.round_plan import MAIN, OVERLAP
 from runtime.diloco.sync.fragment_trees import LearnerFragments
 from runtime.diloco.learner.book import LearnerBook
 from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, FAILED, RECONFIGURING, STATE_LOST, TRAINING, WAITING
@@ -38,8 +40,6 @@ from runtime.wire.downlink import NO_MIRROR, Downlink
 from runtime.wire.uplink import Uplink
 
 PyTree = Any
-# What follows a learner's parts in flight (`after_queued`)
-AFTER_REPORT, ADOPT, TRAIN_ON = "after_report", "adopt", "train_on"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,12 +104,9 @@ class Learner:
     """Θ was delivered and waits in its inbox to be adopted."""
     return self.inbox is not None
 
-  def after_queued(self) -> str:
-    """What follows its parts in flight: AFTER_REPORT (its newest part ends in a report, so an overlap part goes behind
-    it), ADOPT (Θ waits to be adopted), or TRAIN_ON (more overlap steps, if the run keeps training)."""
-    if self.parts and self.parts[-1].kind == "main":
-      return AFTER_REPORT
-    return ADOPT if self.inbox is not None else TRAIN_ON
+  def newest_part(self) -> str:
+    """The kind of its newest part in flight ("" if none): what the round plan continues from."""
+    return self.parts[-1].kind if self.parts else ""
 
   def seconds_per_step(self, part: RoundPart) -> float:
     """The time one inner step of its collected part took: modeled, or as its device ran it."""
@@ -180,9 +177,7 @@ class Learner:
     """
     if self.injector is not None:
       self.injector.check_program(self.index, now)
-    main, overlap = self.run.round_steps - self.run.overlap_steps, self.run.overlap_steps
-    trains_on = kind == "overlap" and self.run.outer.keep_training and self.inbox is None  # (another, until Θ)
-    ahead = overlap if (kind == "main" and overlap) or trains_on else main  # the part it stages next
+    ahead = round_plan.staged_after(self.run, kind, self.has_theta())  # the part it stages next
     if self.leased is not None:  # this part, the one staged after it, and what the prefetcher reads ahead
       self.leased.lease_through(self._data.position["position"] + steps + ahead + self.run.data.prefetch + 2)
     staged = self._data.take(steps, self.batch_sharding)
@@ -190,7 +185,7 @@ class Learner:
     if schedule_at is not None:  # the inner schedule follows the run's progress (inner.schedule_progress="run")
       self.state = schedule_to(self.state, np.int32(schedule_at))
     failure, before = "", (self.state, staged.start) if self._keeps_state else None
-    copies = self._main_copies and (kind == "main" or steps == main)  # (one program per part length)
+    copies = self._main_copies and (kind == MAIN or steps == round_plan.main_steps(self.run))  # (one per length)
     program = self._report_program if copies else self._round_program
     try:
       state, metrics, *report = program(self.state, staged.batches_HxBxT)
@@ -202,7 +197,7 @@ class Learner:
                      self.parts.queued_seconds(now, modeled_seconds))
     self.parts.push(part, before)
     self.state = state
-    self._capture.hold(state, report if kind == "main" else [])
+    self._capture.hold(state, report if kind == MAIN else [])
     self._data.stage_ahead(ahead, self.batch_sharding)
     return part
 
@@ -220,7 +215,7 @@ class Learner:
 
   def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
     """When the learner will wait for Θ: the end of its last overlap part in flight (now, if it is waiting)."""
-    return now if not self.parts or self.parts[-1].kind != "overlap" else self.parts.ends_at(seconds_per_step)
+    return now if not self.parts or self.parts[-1].kind != OVERLAP else self.parts.ends_at(seconds_per_step)
 
   # Reports and Θ ----------------------------------------------------------------------------------
 

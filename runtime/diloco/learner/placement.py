@@ -20,6 +20,7 @@ from models import lm
 from models.config import ModelConfig
 from runtime.cluster import devices as devices_lib
 from runtime.config.run import InnerOptConfig, RunConfig
+from runtime.diloco import round_plan
 from runtime.diloco.learner import receive as receive_lib
 from runtime.faults import injection
 from runtime.train import tree_transfer
@@ -132,8 +133,8 @@ def warm_up(where: Placement, theta_host: PyTree, host_sharding: jax.sharding.Sh
   adoption. Under the real clock a part dispatched before would make the device idle while its program compiles."""
   params = tree_transfer.copy_to(theta_host, where.param_sharding)
   state = where.init(params, 0)
-  main, tau = run.round_steps - run.overlap_steps, run.overlap_steps
-  parts = {(main, main_copies_report), *([(tau, main_copies_report and tau == main)] if tau else [])}
+  main = round_plan.main_steps(run)
+  parts = {(steps, main_copies_report and steps == main) for steps in round_plan.part_lengths(run)}
   for steps, copies in sorted(parts):
     program = where.report_program if copies else where.round_program
     batches = np.zeros((steps, batch_size, run.data.seq_len + 1), np.int32)
