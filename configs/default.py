@@ -41,6 +41,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.inner_steps = 30
   # τ: inner steps a learner keeps training while its report is merged (0 = wait for Θ).
   config.overlap_steps = 0
+  # How long a learner's round is (runtime/diloco/round_plan.py): "steps" = H inner steps for every learner;
+  # "time" = until the syncs' deadlines, one every H × the slowest learner's step time (configured under the
+  # virtual clock, measured under the real one): a fast learner takes more steps, a rejoining one a shorter round, and
+  # the reports of a deadline arrive together. "time" needs fragments = 1 and no capacity.schedule.
+  config.rounds = ml_collections.ConfigDict()
+  config.rounds.length = "steps"
   # Device programs a learner keeps queued on its slices: 2 enqueues its next part before the current one finishes
   # (its device never waits for the controller: docs/accelerator.md), 1 dispatches it once the previous one is
   # handled. 0 = 2 under the real clock and 1 under the virtual one (whose recorded runs keep their numbers); 1

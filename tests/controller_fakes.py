@@ -83,8 +83,8 @@ class FakeLearner:
   inflight = property(lambda self: self.parts[0] if self.parts else None)
 
   def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False,
-               schedule_at: int | None = None):
-    del armed, schedule_at
+               schedule_at: int | None = None, ahead: int | None = None):
+    del armed, schedule_at, ahead
     part = types.SimpleNamespace(kind=kind, steps=steps, started_at=now, modeled_seconds=modeled_seconds,
                                  state="state", metrics="metrics", queued_seconds=0.0)
     self.parts.append(part)

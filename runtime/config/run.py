@@ -32,6 +32,7 @@ RECEIVE_MODES = ("carry", "overwrite", "mix")  # what happens to overlap steps w
 OUTER_GRAD_BASES = ("current", "base")
 OUTER_SCALES = ("fraction", "none")
 MOMENTUM_PER = ("merge", "round")
+ROUND_LENGTHS = ("steps", "time")
 POSITIONS = ("rotary", "learned")
 DTYPES = ("float32", "bfloat16")
 # Fields that change nothing a run computes (its records and results): they are not part of a run's name, and a run
@@ -105,6 +106,15 @@ class ClockConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RoundsConfig:
+  """How long a learner's round is (runtime/diloco/round_plan.py)."""
+
+  # "steps": H inner steps for every learner; "time": until the syncs' deadlines, one every H × the slowest learner's
+  # step time, so fast learners take more steps and the reports of a deadline arrive together
+  length: str = "steps"
+
+
+@dataclasses.dataclass(frozen=True)
 class MeshConfig:
   """How a learner's slice (DP: every device) is laid out: (data, tensor)."""
 
@@ -127,6 +137,7 @@ class RunConfig:
   inner: InnerOptConfig = dataclasses.field(default_factory=InnerOptConfig)
   outer: OuterConfig = dataclasses.field(default_factory=OuterConfig)
   clock: ClockConfig = dataclasses.field(default_factory=ClockConfig)
+  rounds: RoundsConfig = dataclasses.field(default_factory=RoundsConfig)
   faults: FaultConfig = dataclasses.field(default_factory=FaultConfig)
   capacity: capacity_lib.CapacityConfig = dataclasses.field(default_factory=capacity_lib.CapacityConfig)
   compression: wire_config.CompressionConfig = dataclasses.field(default_factory=wire_config.CompressionConfig)
@@ -292,7 +303,8 @@ def _build_model(cfg: ml_collections.ConfigDict | None, data_path: str) -> Model
 
 
 SECTIONS = dict(model=ModelConfig, data=DataConfig, inner=InnerOptConfig, outer=OuterConfig, clock=ClockConfig,
-                faults=FaultConfig, capacity=capacity_lib.CapacityConfig, compression=wire_config.CompressionConfig,
+                rounds=RoundsConfig, faults=FaultConfig, capacity=capacity_lib.CapacityConfig,
+                compression=wire_config.CompressionConfig,
                 links=links_config.LinksConfig, mesh=MeshConfig, syncer=SyncerConfig)
 
 
@@ -388,6 +400,9 @@ def _validate(run: RunConfig) -> None:
         m.num_heads, f"a divisor of model.d_model ({m.d_model}) leaving an even head size")
   data_config.validate(run)
   capacity_lib.validate(run)
+  check(run.rounds.length in ROUND_LENGTHS, "rounds.length", run.rounds.length, f"one of {ROUND_LENGTHS}")
+  check(run.rounds.length == "steps" or (run.fragments == 1 and not run.capacity.schedule), "rounds.length",
+        run.rounds.length, "'steps' while fragments > 1 or capacity.schedule lends slices (not built for 'time' yet)")
   groups = run.learners if run.mode in ("decoupled", "diloco_sync", "dp_elastic", "dp_restart") else 1
   shared = run.share_devices and run.num_devices < run.num_slices + run.lent_slices
   per_slice = 1 if shared else run.num_devices // max(run.num_slices + run.lent_slices, 1)

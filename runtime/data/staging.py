@@ -16,13 +16,24 @@ import numpy as np
 from runtime.data import shards as data_lib
 @dataclasses.dataclass(frozen=True)
 class Staged:
-  """One part's batches on their way to the slice, and the data positions it spans."""
+  """One part's batches on their way to the slice, and the data positions it spans: one stacked array, or one per
+  piece of a part run as several programs (runtime/diloco/round_plan.py: `chunks`)."""
 
-  steps: int
+  chunks: tuple[int, ...]  # the steps of each piece
   start: dict
   end: dict
-  batches_HxBxT: Any  # a jax.Array on the slice (transfer possibly still in flight)
+  pieces: tuple[Any, ...]  # a jax.Array on the slice per piece (transfers possibly still in flight)
   tokens: int
+
+  @property
+  def steps(self) -> int:
+    return sum(self.chunks)
+
+  @property
+  def batches_HxBxT(self) -> Any:
+    """The part's batches, of a part in one piece."""
+    (batches,) = self.pieces
+    return batches
 
 
 class Stager:
@@ -34,23 +45,25 @@ class Stager:
     self._ahead: concurrent.futures.Future | None = None  # the next part, staged
     self.position: dict = self._data.state()  # where the parts handed out so far end
 
-  def take(self, steps: int, sharding: jax.sharding.Sharding) -> Staged:
-    """The next `steps` batches on `sharding`: the part staged ahead if it matches, else staged now."""
+  def take(self, steps: int | tuple[int, ...], sharding: jax.sharding.Sharding) -> Staged:
+    """The next `steps` batches on `sharding` (a tuple: in pieces of those steps): the part staged ahead if it
+    matches, else staged now."""
+    chunks = _chunks(steps)
     staged_ahead, staged = self._ahead is not None, self._settle()
-    if staged is None or (staged.steps, staged.start, staged.batches_HxBxT.sharding) != (steps, self.position,
-                                                                                            sharding):
+    if staged is None or (staged.chunks, staged.start, staged.pieces[0].sharding) != (chunks, self.position,
+                                                                                         sharding):
       if staged_ahead:  # not what is asked for (or it failed): its data is served again
         self._data.restore(self.position)
-      staged = self._stage(steps, sharding)
+      staged = self._stage(chunks, sharding)
     self.position = staged.end
     return staged
 
-  def stage_ahead(self, steps: int, sharding: jax.sharding.Sharding) -> None:
+  def stage_ahead(self, steps: int | tuple[int, ...], sharding: jax.sharding.Sharding) -> None:
     """Starts staging the part expected next (a different request later falls back to staging then)."""
     if self._ahead is not None:  # staged and never taken: its data is served again
       self._drop_ahead()
       self._data.restore(self.position)
-    self._ahead = self._thread.submit(self._stage, steps, sharding)
+    self._ahead = self._thread.submit(self._stage, _chunks(steps), sharding)
 
   def restore(self, state: dict) -> None:
     """Serves the data from `state` on; anything staged is dropped."""
@@ -80,8 +93,14 @@ class Stager:
     except Exception:  # pylint: disable=broad-except
       return None  # staged again in the caller's thread, where the error is raised for real
 
-  def _stage(self, steps: int, sharding: jax.sharding.Sharding) -> Staged:
-    start = self._data.state()
-    batches_HxBxT = np.stack([next(self._data) for _ in range(steps)])
-    tokens = steps * batches_HxBxT.shape[1] * (batches_HxBxT.shape[2] - 1)
-    return Staged(steps, start, self._data.state(), jax.device_put(batches_HxBxT, sharding), tokens)
+  def _stage(self, chunks: tuple[int, ...], sharding: jax.sharding.Sharding) -> Staged:
+    start, pieces, tokens = self._data.state(), [], 0
+    for steps in chunks:
+      batches_HxBxT = np.stack([next(self._data) for _ in range(steps)])
+      tokens += steps * batches_HxBxT.shape[1] * (batches_HxBxT.shape[2] - 1)
+      pieces.append(jax.device_put(batches_HxBxT, sharding))
+    return Staged(chunks, start, self._data.state(), tuple(pieces), tokens)
+
+
+def _chunks(steps: int | tuple[int, ...]) -> tuple[int, ...]:
+  return (steps,) if isinstance(steps, int) else tuple(steps)

@@ -130,6 +130,14 @@ class VirtualClock:
     jitter = 1.0 + self.cfg.jitter * self._rng.standard_normal() if self.cfg.jitter else 1.0
     return self.cfg.step_seconds * self._speeds[learner] * self._slowdown.get(learner, 1.0) * max(jitter, 0.05)
 
+  def expected_step_seconds(self, learner: int) -> float:
+    """`step_seconds` without its jitter (and no draw from the jitter's generator: a plan reads it freely)."""
+    return self.cfg.step_seconds * self._speeds[learner] * self._slowdown.get(learner, 1.0)
+
+  def slowest_step_seconds(self, learners: Sequence[int]) -> float:
+    """The configured step time of the slowest of `learners`: speed × batch share, no straggling, no jitter."""
+    return self.cfg.step_seconds * max(float(self._speeds[m]) for m in learners) if learners else 0.0
+
   def transfer_seconds(self, num_bytes: int) -> float:
     return self.cfg.latency_s + num_bytes / self.cfg.bandwidth_bytes_per_s
 
@@ -243,6 +251,15 @@ class RealClock:
 
   def step_seconds(self, learner: int) -> float:
     del learner
+    return 0.0
+
+  def expected_step_seconds(self, learner: int) -> float:
+    """0: a real step's time is measured, not modeled (the round plan keeps the measurements)."""
+    del learner
+    return 0.0
+
+  def slowest_step_seconds(self, learners: Sequence[int]) -> float:
+    del learners
     return 0.0
 
   def transfer_seconds(self, num_bytes: int) -> float:

@@ -47,14 +47,38 @@ class Rounds:
     self._budget, self._post, self._log = budget, post, log
     self._slices = slices
     self._depth = queue_depth(run)
+    self._deadlines = round_plan.Deadlines(run, clock) if run.rounds.length == "time" else None
 
   # Dispatch ----------------------------------------------------------------------------------------
 
   def _next(self, learner: Learner, newest: str) -> round_plan.Next:
-    """The round plan's next step for the learner, after a part of kind `newest` ("": a new round)."""
-    view = round_plan.View(newest=newest, has_theta=learner.has_theta(), in_flight=learner.parts_in_flight() > 0,
-                           steps_left=self._budget.steps_left(learner), unreported_tokens=learner.tokens)
+    """The round plan's next step for the learner, after a part of kind `newest` ("": a new round, which starts when
+    its parts in flight end)."""
+    in_flight = learner.parts_in_flight() > 0
+    deadline = None
+    if not newest and self._deadlines is not None:
+      now = self._clock.now()
+      deadline = self._deadline(learner, learner.parts.ends_at(self._step_seconds(learner)) if in_flight else now)
+    view = round_plan.View(newest=newest, has_theta=learner.has_theta(), in_flight=in_flight,
+                           steps_left=self._budget.steps_left(learner), unreported_tokens=learner.tokens,
+                           deadline=deadline)
     return round_plan.next_part(self._run, view)
+
+  def _step_seconds(self, learner: Learner) -> float:
+    """rounds.length "time": the learner's step time the plan goes by."""
+    return self._deadlines.seconds_per_step(learner.index, self._slices.step_scale(learner))
+
+  def _deadline(self, learner: Learner, start: float) -> round_plan.Deadline | None:
+    return self._deadlines.of(learner.index, start, self._slices.step_scale(learner))
+
+  def _ahead(self, learner: Learner, kind: str, steps: int, now: float, modeled: float) -> int | None:
+    """rounds.length "time": the steps of the part the learner stages after this one, planned as if the next round
+    starts when this part ends (None under "steps": the learner's own look-ahead is exact)."""
+    if self._deadlines is None:
+      return None
+    ends = learner.parts.ends_at(self._step_seconds(learner)) if learner.parts_in_flight() else now
+    ends += modeled or steps * self._step_seconds(learner)
+    return round_plan.staged_after(self._run, kind, learner.has_theta(), self._deadline(learner, ends))
 
   def start_round(self, learner: Learner) -> None:
     """Dispatches the main part (round_plan: H − τ steps, or the whole steps left of the budget if fewer), or sends
@@ -101,7 +125,8 @@ class Rounds:
     try:
       at = self._budget.schedule_step() if self._run.inner.schedule_progress == "run" else None
       with annotate(f"learner{learner.index}/dispatch"):
-        part = learner.dispatch(kind, steps, now, modeled, armed=crash_at is not None, schedule_at=at)
+        part = learner.dispatch(kind, steps, now, modeled, armed=crash_at is not None, schedule_at=at,
+                                ahead=self._ahead(learner, kind, steps, now, modeled))
     except Exception as error:  # pylint: disable=broad-except
       self._slices.failed(learner, "at dispatch", error)
       return False
@@ -124,6 +149,8 @@ class Rounds:
   def _continue(self, learner: Learner, part: RoundPart, now: float) -> None:
     """After a part: its report sent (a main part's), and the learner's next part dispatched, or it waits."""
     self._syncer.observe_round(learner.seconds_per_step(part))
+    if self._deadlines is not None:
+      self._deadlines.observe(learner.index, learner.seconds_per_step(part))
     if part.kind == MAIN:
       self._send_report(learner, now)
     if learner.parts_in_flight():  # its next part runs already

@@ -164,6 +164,7 @@ class RunLog:
         wall_seconds=wall, virtual_seconds=virtual_seconds, tokens_per_second=self.tokens_merged / wall,
         records=self.logger.records, params=jax.device_get(params), time_kind=run_time_kind(self.run),
         extras=dict(merges=len(self.merges), learners_per_merge=float(np.mean(merged_counts or [0])),
+                    gathered=float(np.mean([n > 1 for n in merged_counts] or [0])),
                     busy_mean=float(np.mean(busy)), busy_min=float(np.min(busy)),
                     device_idle_max=float(np.max(idle)), device_idle_mean=float(np.mean(idle)),
                     goodput=ledger.goodput(now),

@@ -4,6 +4,7 @@ The paper's claim: with learners on two hardware classes, K=M (synchronous) lose
 slow class; K=1 keeps everyone busy but merges worse; K=1 with the adaptive grace window keeps both.
 """
 
+import math
 import os
 from typing import Sequence
 
@@ -33,8 +34,8 @@ ABLATIONS = {
     "K=1+grace mix": {"outer.receive": "mix"},
 }
 VARIANTS = {**POLICIES, **{name: {**POLICIES["K=1+grace"], **fields} for name, fields in ABLATIONS.items()}}
-COLUMNS = ("variant", "seeds", "goodput", "busy_min", "busy_mean", "learners_per_merge", "merges", "eval_loss",
-           "eval_loss_sd", "vs_K=M_%")
+COLUMNS = ("variant", "seeds", "goodput", "busy_min", "busy_mean", "learners_per_merge", "gathered", "merges",
+           "eval_loss", "eval_loss_sd", "vs_K=M_%", "time_to_K=M_loss")
 
 
 def variant_config(base: RunConfig, variant: str, seed: int) -> RunConfig:
@@ -60,8 +61,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, se
           train_one(variant_config(base, variant, seed), exp, None, f"{variant} (seed {seed})"))
   rows = [_row(variant, runs) for variant, runs in results.items()]
   reference = next((r["eval_loss"] for r in rows if r["variant"].startswith("K=M")), None)
-  for row in rows:
+  for row, runs in zip(rows, results.values()):
     row["vs_K=M_%"] = 100 * (row["eval_loss"] / reference - 1) if reference else float("nan")
+    row["time_to_K=M_loss"] = float(np.mean([reached(r.records, reference) for r in runs])) if reference else math.nan
   title = (f"heterogeneous learners: {base.learners} learners, speeds {sorted(set(base.clock.speeds))}, jitter "
            f"{base.clock.jitter:g}, H={base.inner_steps}, τ={base.overlap_steps}, {base.token_budget:,} tokens, "
            f"seeds {list(seeds)}")
@@ -71,9 +73,15 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, se
   return rows
 
 
+def reached(records: Sequence[dict], loss: float) -> float:
+  """The modeled (or wall) time of the first evaluation at or below `loss`; NaN if none is."""
+  return next((r["time"] for r in records if r["kind"] == "eval" and r["eval_loss"] <= loss), math.nan)
+
+
 def _row(variant: str, runs: list[RunResult]) -> dict:
   mean = lambda key: float(np.mean([r.extras[key] for r in runs]))
   losses = [r.final_eval_loss for r in runs]
   return dict(variant=variant, seeds=len(runs), goodput=mean("goodput"), busy_min=min(r.extras["busy_min"] for r in runs),
-              busy_mean=mean("busy_mean"), learners_per_merge=mean("learners_per_merge"), merges=mean("merges"),
+              busy_mean=mean("busy_mean"), learners_per_merge=mean("learners_per_merge"), gathered=mean("gathered"),
+              merges=mean("merges"),
               eval_loss=float(np.mean(losses)), eval_loss_sd=float(np.std(losses, ddof=1)) if len(runs) > 1 else 0.0)

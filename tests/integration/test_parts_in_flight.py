@@ -84,9 +84,9 @@ def test_a_learner_that_trains_on_while_it_waits_for_theta_stages_each_next_part
   from runtime.data import staging  # pylint: disable=g-import-not-at-top
   stage, controller, staged = staging.Stager._stage, threading.get_ident(), []
 
-  def recording(self, steps, sharding):
-    staged.append((threading.get_ident() == controller, steps))
-    return stage(self, steps, sharding)
+  def recording(self, chunks, sharding):
+    staged.append((threading.get_ident() == controller, sum(chunks)))
+    return stage(self, chunks, sharding)
 
   monkeypatch.setattr(staging.Stager, "_stage", recording)
   config = _overlapping(tiny_config, 2, keep_training=True)

@@ -168,27 +168,29 @@ class Learner:
   # Rounds -----------------------------------------------------------------------------------------
 
   def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False,
-               schedule_at: int | None = None) -> RoundPart:
+               schedule_at: int | None = None, ahead: int | None = None) -> RoundPart:
     """Enqueues `steps` inner steps as one device program and returns at once (may raise: a device error unless
     `armed`, an injected program bug always).
 
     A program `armed` to crash may fail as it is enqueued (XLA:CPU runs small programs inline when their inputs
     are ready) or later; either way its error is raised where it is awaited, so the run never depends on which.
+    A part of a length no program was compiled for runs as several (round_plan.chunks). `ahead`: the steps of the
+    part to stage next, if the caller plans them (else the round plan's, from the part's kind).
     """
     if self.injector is not None:
       self.injector.check_program(self.index, now)
-    ahead = round_plan.staged_after(self.run, kind, self.has_theta())  # the part it stages next
+    if ahead is None:  # the part it stages next
+      ahead = round_plan.staged_after(self.run, kind, self.has_theta())
     if self.leased is not None:  # this part, the one staged after it, and what the prefetcher reads ahead
       self.leased.lease_through(self._data.position["position"] + steps + ahead + self.run.data.prefetch + 2)
-    staged = self._data.take(steps, self.batch_sharding)
+    staged = self._data.take(round_plan.chunks(self.run, steps), self.batch_sharding)
     self._move(TRAINING, now)
     if schedule_at is not None:  # the inner schedule follows the run's progress (inner.schedule_progress="run")
       self.state = schedule_to(self.state, np.int32(schedule_at))
     failure, before = "", (self.state, staged.start) if self._keeps_state else None
     copies = self._main_copies and (kind == MAIN or steps == round_plan.main_steps(self.run))  # (one per length)
-    program = self._report_program if copies else self._round_program
     try:
-      state, metrics, *report = program(self.state, staged.batches_HxBxT)
+      state, metrics, report = self._run_pieces(staged.pieces, copies)
     except jax.errors.JaxRuntimeError as error:
       if not armed:
         raise
@@ -198,8 +200,18 @@ class Learner:
     self.parts.push(part, before)
     self.state = state
     self._capture.hold(state, report if kind == MAIN else [])
-    self._data.stage_ahead(ahead, self.batch_sharding)
+    self._data.stage_ahead(round_plan.chunks(self.run, ahead), self.batch_sharding)
     return part
+
+  def _run_pieces(self, pieces: tuple[jax.Array, ...], copies: bool) -> tuple[TrainState, dict, list]:
+    """Enqueues the part's programs, one per piece of its batches, the last copying the report if `copies`: the
+    state they end in, their per-step metrics (piece i's under "<name>.<i>" after the first's), and the report."""
+    state, metrics, report = self.state, {}, []
+    for i, batches_HxBxT in enumerate(pieces):
+      program = self._report_program if copies and i == len(pieces) - 1 else self._round_program
+      state, piece_metrics, *report = program(state, batches_HxBxT)
+      metrics.update({f"{name}.{i}" if i else name: value for name, value in piece_metrics.items()})
+    return state, metrics, report
 
   def collect(self, now: float) -> RoundPart:
     """Awaits the oldest part in flight (raising the device error if it failed) and books its work; `now`: when its
@@ -207,7 +219,7 @@ class Learner:
     part = self.parts[0]
     if part.failure:
       raise injection.RecordedFailure(part.failure)
-    loss_H = np.asarray(part.metrics["loss"])
+    loss_H = np.concatenate([np.asarray(v).ravel() for k, v in part.metrics.items() if k.partition(".")[0] == "loss"])
     _, device_seconds, void = self.parts.pop(now)
     busy = part.modeled_seconds if part.modeled_seconds else device_seconds
     self.book.collected(part.steps, part.tokens, busy, len(self.slices), float(loss_H.mean()), now, void=void)

@@ -133,8 +133,10 @@ def warm_up(where: Placement, theta_host: PyTree, host_sharding: jax.sharding.Sh
   adoption. Under the real clock a part dispatched before would make the device idle while its program compiles."""
   params = tree_transfer.copy_to(theta_host, where.param_sharding)
   state = where.init(params, 0)
-  main = round_plan.main_steps(run)
-  parts = {(steps, main_copies_report and steps == main) for steps in round_plan.part_lengths(run)}
+  main, lengths = round_plan.main_steps(run), round_plan.part_lengths(run)
+  parts = {(steps, main_copies_report and steps == main) for steps in lengths}
+  if main_copies_report and run.rounds.length == "time":  # (a main part's last piece may be of any length)
+    parts |= {(steps, True) for steps in lengths}
   for steps, copies in sorted(parts):
     program = where.report_program if copies else where.round_program
     batches = np.zeros((steps, batch_size, run.data.seq_len + 1), np.int32)
