@@ -126,7 +126,7 @@ class MergeSchedule:
     answers = [dataclasses.replace(a, placed=made.placed[r.learner])  # Θ already on its slices
                if r.learner in made.placed and a.params is result.params else a for r, a in zip(reports, answers)]
     transfers = [self._links.send_down(r.learner, now, a.payload, a.fragment) for r, a in zip(reports, answers)]
-    self._syncer.observe_sync(2 * max(transfers) + now - started)  # report up, merge, Θ down
+    self._syncer.observe_sync(max(transfers) + now - started)  # the merge and Θ down (the reports were up)
     for report, transfer, answer in zip(reports, transfers, answers):
       learner, merged = self._learners[report.learner], report.learner not in quarantined
       learner.report_settled(report, merged)

@@ -107,3 +107,20 @@ def test_the_merge_state_survives_a_snapshot(tiny_config):
   assert saved == {"merge_state": SCHEDULED} and again.state == SCHEDULED
   merges.close()
   again.close()
+
+
+def test_the_sync_time_behind_the_grace_window_is_the_merge_and_theta_down_not_the_reports_way_up_again(tiny_config):
+  """The window opens once the reports are up (the wait for them since the first was sent is ξ_quorum): the time it
+  must leave is the merge's and Θ's way down. Counting the way up in both cut the window short by one transfer."""
+  tiny_config.clock.merge_seconds = 0.5
+  merges, clock, syncer, _, _ = _schedule(tiny_config)
+  observed = []
+  syncer.observe_sync = observed.append
+  for m in range(2):
+    _arrive(merges, syncer, _report(m))
+  _, due = clock.next_event()
+  merges.on_merge_due(due)
+  _, done = clock.next_event()
+  merges.on_merge_done(done)
+  assert observed == [3.5]  # 0.5 s of merge, 3 s down
+  merges.close()

@@ -202,7 +202,9 @@ class Syncer:
     self.xi_quorum.update(now - min(r.sent_at for r in self._pending if r.fragment == fragment))
 
   def observe_sync(self, seconds: float) -> None:
-    """One sync took `seconds`: report up, merge, Θ down."""
+    """One sync's answer took `seconds` once its reports were up: the merge and Θ down (the wait for the quorum,
+    from the first report's sending, is ξ_quorum: counting the report's way up in both shortened the window by one
+    transfer)."""
     self.xi_sync.update(seconds)
 
   def grace_seconds(self, now: float, needs_theta_at: Sequence[float]) -> float:
