@@ -79,6 +79,7 @@ def _tiny_config():
   config.progress = False
   config.tensorboard = False
   config.compile_cache = _CACHE
+  config.checkpoint_wall_seconds = 0.0  # (on by default; the tests of checkpoints turn them on themselves)
   return config
 
 

@@ -42,10 +42,11 @@ class Durability:
     self._run, self._name, self._treedefs, self._host_sharding = run, name, treedefs, host_sharding
     self._clock, self._parts = clock, tuple(parts)  # (the clock, also a part, says when a save is due)
     self.checkpoints = None
-    if directory is not None and (run.checkpoint_every or run.checkpoint_seconds):
+    if directory is not None and run.checkpoints:
       self.checkpoints = Checkpoints(pathlib.Path(directory) / name / "checkpoints", run.checkpoint_keep)
     self.merges_done = 0  # merges handled (committed or not): checkpoints are numbered by them
     self._schedule = SinceLast(run.checkpoint_every, run.checkpoint_seconds)  # from the last checkpoint
+    self._by_wall = SinceLast(seconds=run.checkpoint_wall_seconds, at=time.monotonic())  # the host's seconds
     self.finished = False  # restored from the checkpoint a finished run saved last
     self.saves: list[tuple[float, float, bool]] = []  # per checkpoint: (clock time, seconds held up, final)
     self._saved_at = -1  # the merge of the newest checkpoint saved or restored
@@ -83,7 +84,8 @@ class Durability:
       self.checkpoints.close(quiet=True)
 
   def _due(self) -> bool:
-    return self.checkpoints is not None and self._schedule.due(self.merges_done, self._clock.now())
+    return self.checkpoints is not None and (self._schedule.due(self.merges_done, self._clock.now())
+                                             or self._by_wall.due(0, time.monotonic()))
 
   def save(self, step: int) -> None:
     """Saves everything that decides the rest of the run, holding the controller up only for its snapshot.
@@ -109,6 +111,7 @@ class Durability:
     if not self._run.progress:
       logging.info("%s: checkpoint %d saving (%s)", self._name, step, self.checkpoints.directory)
     self._schedule.done(self.merges_done, self._clock.now())
+    self._by_wall.done(0, time.monotonic())
     self.saves.append((self._clock.now(), time.perf_counter() - start, self.finished))
 
   def figures(self) -> dict:
@@ -140,6 +143,7 @@ class Durability:
     self.merges_done, self.finished = meta["merges_done"], meta["finished"]
     self._saved_at = self.merges_done
     self._schedule.done(self.merges_done, self._clock.now())
+    self._by_wall.done(0, time.monotonic())
     logging.info("%s: resumed from %s (merge %d, %d tokens merged)", self._name,
                  self.checkpoints.directory / str(step), self.merges_done, meta["log"]["tokens_merged"])
     return meta["log"]

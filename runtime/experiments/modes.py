@@ -14,7 +14,7 @@ from runtime.reporting import provenance
 from runtime import run_lock
 from runtime.reporting import metrics
 from runtime.reporting import summary
-from runtime.config.run import CHECKPOINT_MODES, RunConfig, from_config_dict, with_mode
+from runtime.config.run import RunConfig, from_config_dict, with_mode
 from runtime.train.harness import Experiment, RunResult, finish
 from runtime.trained import saved
 
@@ -32,7 +32,7 @@ def train_one(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None
   """Trains one run in the mode its config names, in `workdir/name` (see provenance.claim); run.json first."""
   if workdir is None:
     return _train_in(run, exp, workdir, name)
-  resumable = run.mode in CHECKPOINT_MODES and (run.checkpoint_every > 0 or run.checkpoint_seconds > 0)
+  resumable = run.checkpoints
   name, lock = provenance.claim(workdir, name, run, resumable=resumable)
   try:
     provenance.write(run, pathlib.Path(workdir) / name, name)

@@ -283,3 +283,34 @@ def test_a_model_saved_while_checkpoints_are_saved_on_another_thread_breaks_neit
   assert not errors, errors
   assert Checkpoints(tmp_path / "checkpoints").steps() == [rounds, rounds - 1]
   assert all((tmp_path / "models" / f"merge-{m}" / "params").is_dir() for m in range(rounds))
+
+
+# The smoke run as shipped (checkpoints on by default), with a wall interval short enough to checkpoint mid-run.
+SMOKE = ["--config=smoke", "--config.progress=False", "--config.tensorboard=False",
+         f"--config.compile_cache={FAST[-1].partition('=')[2]}"]
+
+
+@pytest.mark.slow  # CI time (~90 s on the 2-core host: three launches)
+@pytest.mark.parametrize("wall_seconds", [1.0, None])
+def test_the_smoke_run_killed_mid_run_resumes_with_the_same_command_and_ends_with_an_unkilled_runs_records(
+    tmp_path, wall_seconds):
+  """Checkpoints are on by default: a SIGKILLed smoke run, run again as it was, ends as the run never killed, from a
+  checkpoint of the default wall interval's kind (every second here), or killed before any (the default 120 s) from
+  the start, in its own directory (not refused as unfinished and never checkpointed)."""
+  args = SMOKE + ([f"--config.checkpoint_wall_seconds={wall_seconds}"] if wall_seconds else [])
+  reference = _reference(args, tmp_path)
+  workdir = tmp_path / "killed"
+  if wall_seconds:
+    _kill_after_first_checkpoint(args, workdir, tmp_path)
+  else:
+    process = _start([*args, f"--workdir={workdir}"], tmp_path)
+    while not list(workdir.glob("*/metrics.jsonl")) or not _records(workdir):
+      assert process.poll() is None, "the run ended before it could be killed"
+      time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+  assert 0 < len(_records(workdir)) < len(reference)  # killed mid-run
+  out = launch("train", *args, f"--workdir={workdir}", cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert ("resumed from" in out.stderr) == bool(wall_seconds)
+  assert _records(workdir) == reference

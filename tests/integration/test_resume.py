@@ -233,3 +233,11 @@ def test_parts_queued_behind_each_other_resume_bit_identical(tiny_config, tmp_pa
   tiny_config.outer.keep_training, tiny_config.clock.jitter = keep_training, jitter
   tiny_config.checkpoint_every = 1
   assert_resumes_bit_identical(tiny_config, tmp_path, monkeypatch, kills=(3,))
+
+
+def test_checkpoints_by_the_hosts_clock_alone_resume_bit_identical(tiny_config, tmp_path, monkeypatch):
+  """checkpoint_wall_seconds (on by default) alone: due by the host's seconds, whatever the run's clock, and a run
+  resumed from them is the run never killed."""
+  tiny_config.checkpoint_wall_seconds = 1e-6  # (every merge)
+  assert_resumes_bit_identical(tiny_config, tmp_path, monkeypatch, kills=(3,))
+  assert (tmp_path / "killed" / "decoupled" / "checkpoints").is_dir()

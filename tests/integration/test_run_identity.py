@@ -70,7 +70,7 @@ def test_the_evaluation_cadence_may_change_and_is_said_quiet_fields_are_not(tmp_
 
 
 def test_an_unfinished_run_that_cannot_resume_is_never_started_afresh_unless_asked(tmp_path, capsys):
-  run = from_config_dict(smoke.get_config())
+  run = dataclasses.replace(from_config_dict(smoke.get_config()), checkpoint_wall_seconds=0.0)  # (on by default)
   _recorded(tmp_path, run)
   with pytest.raises(UsageError, match="'decoupled' there is unfinished and was not checkpointed"):
     _claim(tmp_path, run, resumable=False)

@@ -11,7 +11,7 @@ from runtime.errors import UsageError
 from runtime.reporting import provenance
 
 _CHANGED = dict(progress=False, tensorboard=False, compile_cache="", backend="pathways", checkpoint_every=7,
-                checkpoint_seconds=30.0, checkpoint_keep=9, resume=True, save_model_every=3)
+                checkpoint_seconds=30.0, checkpoint_wall_seconds=60.0, checkpoint_keep=9, resume=True, save_model_every=3)
 
 
 def test_every_quiet_field_is_a_run_config_field_and_changed_below():
