@@ -2,12 +2,13 @@
 by SIGTERM, and a quiet run with injected crashes (slow: each launches real processes)."""
 
 import json
+import re
 import signal
 import time
 
 import pytest
 
-from launcher import launch
+from launcher import REPO, launch
 from runtime.checkpoint.store import DIGEST
 from test_checkpoint import _start
 from test_resume import DECOUPLED, _run_dir
@@ -64,3 +65,21 @@ def test_a_checkpointed_smoke_run_with_two_injected_crashes_is_quiet(tmp_path):
   assert len(lines) <= 60, "\n".join(lines)
   assert "Traceback" not in out.stderr and "io_callback failed" not in out.stderr
   assert sum("down at t=" in l for l in lines) == 2  # each injected crash: one line
+
+
+# An absl log line: severity, date, time, thread, the logging file and line.
+_LOGGED = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ([\w.]+):\d+\]")
+
+
+@pytest.mark.slow  # CI time (~20 s and ~60 s: real launches)
+@pytest.mark.parametrize("config", ["smoke", "default"])
+def test_a_shipped_run_prints_its_own_lines_and_none_from_a_librarys_logger(tmp_path, config):
+  """Quiet by default: the run's table and paths, its own log lines; libraries' INFO (orbax's per save) dropped."""
+  out = launch("train", f"--config={config}", f"--workdir={tmp_path / 'w'}", cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = (out.stdout + out.stderr).splitlines()
+  ours = {p.name for folder in ("runtime", "launch", "models", "configs") for p in (REPO / folder).rglob("*.py")}
+  libraries = [l for l in lines if _LOGGED.match(l) and _LOGGED.match(l).group(1) not in ours]
+  assert not libraries, "\n".join(libraries)
+  progress = [l for l in lines if "%|" in l]  # (the progress bar: a line per update when not on a terminal)
+  assert len(lines) - len(progress) <= 16, "\n".join(lines)
