@@ -95,9 +95,9 @@ def get_config() -> ml_collections.ConfigDict:
   # decoupled, diloco_sync: also save at the first merge this many seconds of the run's clock (modeled under the
   # virtual clock, wall under the real one) after the last checkpoint; 0 = by checkpoint_every only.
   config.checkpoint_seconds = 0.0
-  # decoupled, diloco_sync: also save at the first merge this many wall seconds (the host's clock, whatever the run's)
-  # after the last checkpoint, and a final one at the end, so that the same command resumes a killed run. 0 = none
-  # (with the two above 0 too: no checkpoints). Saves run off the training path (docs/results/checkpointing.md).
+  # Also save at the first merge (dp: step) this many wall seconds (the host's clock, whatever the run's) after the
+  # last checkpoint, and a final one at the end, so that the same command resumes a killed run. 0 = none (with the
+  # two above 0 too: no checkpoints). Saves run off the training path (docs/results/checkpointing.md).
   config.checkpoint_wall_seconds = 120.0
   # Newest checkpoints kept.
   config.checkpoint_keep = 3

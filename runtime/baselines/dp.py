@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import time
 from typing import Callable
 
 import jax
@@ -15,7 +16,7 @@ from runtime.checkpoint.store import Checkpoints
 from runtime.config.run import RunConfig
 from runtime.train.harness import Experiment, RunResult, Stopwatch, host, make_logger, run_time_kind
 from runtime.network import allreduce
-from runtime.periodic import due
+from runtime.periodic import SinceLast, due
 from runtime.train import preemption
 from runtime.train.optim import inner_lr, inner_optimizer
 from runtime.train.programs import init_state, make_train_step
@@ -43,7 +44,7 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
   lr = inner_lr(run.inner, run.total_steps)
   eval_loss, start = float("nan"), 0
   checkpoints = None
-  if workdir is not None and run.checkpoint_every:
+  if workdir is not None and run.checkpoints:
     checkpoints = Checkpoints(pathlib.Path(workdir) / name / "checkpoints", run.checkpoint_keep)
     restored = checkpoints.restore_latest(state) if run.resume else None
     if restored is not None:  # the state, the data position and the last eval: everything that decides the rest
@@ -57,6 +58,7 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
       # The host waits for step t-1 after dispatching step t: the device never idles, and at most two
       # steps are in flight (a deep queue of multi-device programs can stall XLA:CPU's rendezvous).
       pending, saved_at = None, start
+      by_wall = SinceLast(seconds=run.checkpoint_wall_seconds, at=time.monotonic())  # the host's seconds since a save
       for step in range(start + 1, run.total_steps + 1):
         if preemption.requested():  # a signal asked the run to stop: step - 1 is the step in progress
           if pending is not None:
@@ -70,11 +72,13 @@ def train_dp(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None,
           eval_loss = exp.evaluate(state.params, mesh)
           logger.log("eval", dict(step=step, tokens=step * run.tokens_per_step, time=clock(step),
                                   **exp.eval_fields(eval_loss)))
-        if checkpoints is not None and due(step, run.checkpoint_every, run.total_steps):
+        if checkpoints is not None and (due(step, run.checkpoint_every or run.total_steps, run.total_steps)
+                                        or by_wall.due(0, time.monotonic())):
           _finish_step(logger, run, *pending, clock, wall, lr)  # its record precedes the checkpoint
           pending = None
           checkpoints.save(step, state, dict(data=stream.state(), eval_loss=eval_loss))
           saved_at = step
+          by_wall.done(0, time.monotonic())
       if pending is not None:
         _finish_step(logger, run, *pending, clock, wall, lr)
       if checkpoints is not None:

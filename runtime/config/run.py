@@ -170,8 +170,8 @@ class RunConfig:
   compile_cache: str = "~/.cache/decoupled-diloco/xla"  # persistent XLA compilation cache; "" = off
   checkpoint_every: int = 0  # steps (dp) or merges (decoupled, diloco_sync) between checkpoints; 0 = none
   checkpoint_seconds: float = 0.0  # decoupled, diloco_sync: also checkpoint at a merge this long after the last
-  # decoupled, diloco_sync: also checkpoint at a merge this many wall seconds (the host's, whatever the run's clock)
-  # after the last; 0 = none. Any of the three on also saves a final checkpoint
+  # also checkpoint at a merge (dp: a step) this many wall seconds (the host's, whatever the run's clock) after the
+  # last; 0 = none. Any of the three on also saves a final checkpoint
   checkpoint_wall_seconds: float = 0.0
   checkpoint_keep: int = 3  # newest checkpoints kept
   save_model_every: int = 0  # decoupled, diloco_sync: also save the model every this many merges; 0 = only at the end
@@ -184,12 +184,10 @@ class RunConfig:
 
   @property
   def checkpoints(self) -> bool:
-    """Whether the run saves checkpoints, and so resumes from them: dp by checkpoint_every, decoupled and
-    diloco_sync by any of checkpoint_every, checkpoint_seconds and checkpoint_wall_seconds."""
-    if self.mode == "dp":
-      return self.checkpoint_every > 0
-    return self.mode in CHECKPOINT_MODES and bool(self.checkpoint_every or self.checkpoint_seconds
-                                                  or self.checkpoint_wall_seconds)
+    """Whether the run saves checkpoints, and so resumes from them: dp by checkpoint_every or
+    checkpoint_wall_seconds, decoupled and diloco_sync by those or checkpoint_seconds."""
+    return self.mode in CHECKPOINT_MODES and bool(self.checkpoint_every or self.checkpoint_wall_seconds
+                                                  or (self.checkpoint_seconds and self.mode != "dp"))
 
   @property
   def eval_batch(self) -> int:
@@ -401,7 +399,7 @@ def _validate(run: RunConfig) -> None:
   check(run.checkpoint_seconds == 0 or run.mode in CHECKPOINT_MODES[1:], "checkpoint_seconds",
         run.checkpoint_seconds, f"0 in mode '{run.mode}': allowed in modes {CHECKPOINT_MODES[1:]}")
   check(run.checkpoint_wall_seconds >= 0, "checkpoint_wall_seconds", run.checkpoint_wall_seconds,
-        "a number >= 0 (0 = none; modes decoupled and diloco_sync, dp checkpoints by checkpoint_every)")
+        "a number >= 0 (0 = none)")
   check(run.checkpoint_keep >= 1, "checkpoint_keep", run.checkpoint_keep, "an integer >= 1")
   check(run.save_model_every >= 0 and (run.save_model_every == 0 or run.mode in CHECKPOINT_MODES[1:]),
         "save_model_every", run.save_model_every, f"0, or merges >= 1 in modes {CHECKPOINT_MODES[1:]}")

@@ -110,7 +110,8 @@ def claim(workdir: str | os.PathLike, name: str, run: RunConfig, resumable: bool
     if finished(run_dir):
       return _beside(workdir, name, lock, f"it is finished and mode '{run.mode}' without checkpoints cannot resume")
     raise UsageError(f"--workdir={workdir}: run '{name}' there is unfinished and was not checkpointed (mode "
-                     f"'{record['config'].get('mode')}', checkpoint_every, checkpoint_seconds and checkpoint_wall_seconds 0 when it ran), so it "
+                     f"'{record['config'].get('mode')}', checkpoint_every, checkpoint_seconds and "
+                     "checkpoint_wall_seconds 0 when it ran), so it "
                      "cannot resume; to start it over deliberately: "
                      "--config.resume=False (a new run beside it), or another run name or --workdir")
   except BaseException:
@@ -122,8 +123,7 @@ def _checkpointed(record: dict) -> bool:
   """Whether the run `record` (a run.json) describes saved checkpoints: only then can it resume, whatever the new
   config asks (turning checkpoints on for a run that had none would start it over in its own directory)."""
   config = record["config"]
-  return bool(config.get("checkpoint_every") or config.get("checkpoint_seconds")
-              or (config.get("checkpoint_wall_seconds") and config.get("mode") != "dp"))
+  return any(config.get(field) for field in ("checkpoint_every", "checkpoint_seconds", "checkpoint_wall_seconds"))
 
 
 def _say_renamed(workdir: pathlib.Path, name: str) -> None:

@@ -314,3 +314,30 @@ def test_the_smoke_run_killed_mid_run_resumes_with_the_same_command_and_ends_wit
   assert out.returncode == 0, out.stderr[-3000:]
   assert ("resumed from" in out.stderr) == bool(wall_seconds)
   assert _records(workdir) == reference
+
+
+class _Killed(Exception):
+  """The run stopped as a kill would stop it."""
+
+
+def test_dp_checkpoints_by_the_hosts_clock_alone_and_resumes_bit_identical(tiny_config, tmp_path, monkeypatch):
+  """checkpoint_wall_seconds (on by default) checkpoints dp too: a run stopped at a save resumes to the same records
+  and parameters as the run never stopped."""
+  tiny_config.mode, tiny_config.checkpoint_wall_seconds = "dp", 1e-6  # (a save every step)
+  reference = modes.train(tiny_config, tmp_path / "reference")[0]
+  save = Checkpoints.save
+
+  def dying(self, step, *args, **kwargs):
+    if step == 7:
+      raise _Killed()
+    return save(self, step, *args, **kwargs)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(Checkpoints, "save", dying)
+    with pytest.raises(_Killed):
+      modes.train(tiny_config, tmp_path / "killed")
+  result = modes.train(tiny_config, tmp_path / "killed")[0]
+  assert _records(tmp_path / "killed") == _records(tmp_path / "reference")
+  assert result.final_eval_loss == reference.final_eval_loss
+  steps = [int(p.name) for p in (tmp_path / "killed" / "dp" / "checkpoints").iterdir() if p.name.isdigit()]
+  assert max(steps) == 16  # (the final step's)
