@@ -107,8 +107,8 @@ def next_part(run: RunConfig, view: View) -> Next:
   the report of the overlap work it carried (or, having none, a one-step part the budget refuses: it finishes).
   After a main part: an overlap part of τ steps, or with τ = 0 it waits for Θ. After an overlap part: Θ adopted if it
   came, else τ more steps under `outer.keep_training`, else it waits. Behind parts still in flight, Θ is adopted (and
-  the next round's main part queued) only while the budget has a main part's steps left: the budget's last report
-  waits for the parts in flight.
+  the next round's main part queued) only while the budget has steps left: the budget's last report waits for the
+  parts in flight.
   """
   if not view.newest:
     steps = min(main_length(run, view.deadline), view.steps_left)
