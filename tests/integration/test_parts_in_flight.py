@@ -106,7 +106,7 @@ def test_under_the_real_clock_slow_host_copies_never_idle_the_device(tiny_config
   config.model.d_model, config.model.mlp_dim = 64, 256  # parts of tens of ms: the controller is never the bottleneck
   config.data.batch_size = 16
   # Enough budget that Θ comes back many times before it is all dispatched (a merge takes 0.6 s more here).
-  config.total_steps, config.inner_steps, config.overlap_steps = 192, 16, 8
+  config.total_steps, config.inner_steps, config.overlap_steps = 384, 16, 8
   config.outer.quorum, config.outer.keep_training = 1, True
   config.outer.quarantine_factor = 1e6  # (progress carried over many overlap parts is no corrupt report)
   config.eval_every = 10_000  # (Θ evaluated at the end only: no evaluation competes for the 2 CPU cores)
