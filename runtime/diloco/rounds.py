@@ -76,8 +76,8 @@ class Rounds:
     starts when this part ends (None under "steps": the learner's own look-ahead is exact)."""
     if self._deadlines is None:
       return None
-    ends = learner.parts.ends_at(self._step_seconds(learner)) if learner.parts_in_flight() else now
-    ends += modeled or steps * self._step_seconds(learner)
+    xi = self._step_seconds(learner)
+    ends = (learner.parts.ends_at(xi) if learner.parts_in_flight() else now) + (modeled or steps * xi)
     return round_plan.staged_after(self._run, kind, learner.has_theta(), self._deadline(learner, ends))
 
   def start_round(self, learner: Learner) -> None:

@@ -17,6 +17,7 @@ from runtime.config.run import RunConfig, with_fields
 from runtime.errors import UsageError
 from runtime.train.harness import Experiment, RunResult
 from runtime.experiments.modes import prepare, train_one
+from runtime.experiments.scavenging import time_to_loss
 
 # Each variant overrides the config's fields; the ablations take K=1 + grace and remove one mechanism.
 # "K=M": synchronous; "-x": K=1+grace without mechanism x (token weighting, RDA, carrying the overlap work
@@ -63,7 +64,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, se
   reference = next((r["eval_loss"] for r in rows if r["variant"].startswith("K=M")), None)
   for row, runs in zip(rows, results.values()):
     row["vs_K=M_%"] = 100 * (row["eval_loss"] / reference - 1) if reference else float("nan")
-    row["time_to_K=M_loss"] = float(np.mean([reached(r.records, reference) for r in runs])) if reference else math.nan
+    row["time_to_K=M_loss"] = float(np.mean([time_to_loss(r, reference) for r in runs])) if reference else math.nan
   title = (f"heterogeneous learners: {base.learners} learners, speeds {sorted(set(base.clock.speeds))}, jitter "
            f"{base.clock.jitter:g}, H={base.inner_steps}, τ={base.overlap_steps}, {base.token_budget:,} tokens, "
            f"seeds {list(seeds)}")
@@ -71,11 +72,6 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, se
   summary.write_experiment(rows, COLUMNS, title, workdir, "heterogeneity", curves,
                            next(iter(results.values()))[0].time_kind, f"eval loss of Θ, seed {seeds[0]}")
   return rows
-
-
-def reached(records: Sequence[dict], loss: float) -> float:
-  """The modeled (or wall) time of the first evaluation at or below `loss`; NaN if none is."""
-  return next((r["time"] for r in records if r["kind"] == "eval" and r["eval_loss"] <= loss), math.nan)
 
 
 def _row(variant: str, runs: list[RunResult]) -> dict:
