@@ -10,6 +10,7 @@ import pytest
 
 from runtime.cluster import devices as devices_lib
 from runtime.config.run import OuterConfig
+from runtime.diloco.sync import outer_rules
 from runtime.diloco.sync.messages import Report
 from runtime.diloco.sync.syncer import Syncer, merge_sizes, outer_step
 
@@ -111,7 +112,7 @@ def test_adaptive_grace_is_the_overlap_slack_capped_by_the_first_learner_that_ne
 
 
 def test_outer_step_with_unit_sgd_moves_theta_by_the_scaled_merged_outer_gradient():
-  tx = optax.sgd(1.0)
+  tx = optax.chain(outer_rules.scale_by_share(), optax.sgd(1.0))
   theta = {"w": jnp.array([1.0, 2.0])}
   deltas = [{"w": jnp.array([0.5, 0.0])}, {"w": jnp.array([1.5, 2.0])}]
   new, _, sums = outer_step(theta, tx.init(theta), deltas, jnp.array([1.0, 3.0]), jnp.float32(0.5), tx=tx,

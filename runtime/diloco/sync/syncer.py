@@ -18,6 +18,7 @@ import optax
 
 from runtime.config.run import OuterConfig
 from runtime.diloco.sync import averaging
+from runtime.diloco.sync import outer_rules
 from runtime.diloco.sync.fragment_trees import FragmentTrees
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.diloco.sync.messages import Delivery, Report
@@ -69,16 +70,6 @@ class Ema:
     self.value, self._seen = saved
 
 
-def outer_optimizer(cfg: OuterConfig) -> optax.GradientTransformation:
-  """SGD with (Nesterov) momentum on the outer gradient; with momentum_per = "round" its momentum is a
-  hyper-parameter of its state, set at each merge (see outer_step)."""
-  nesterov = cfg.nesterov and cfg.momentum > 0
-  if cfg.momentum_per == "round" and cfg.momentum:
-    return optax.inject_hyperparams(optax.sgd, static_args=("nesterov",))(cfg.lr, momentum=cfg.momentum,
-                                                                          nesterov=nesterov)
-  return optax.sgd(cfg.lr, momentum=cfg.momentum or None, nesterov=nesterov)
-
-
 def tensor_sums(tree: PyTree) -> jax.Array:
   """Every tensor's fp32 sum of squares, in tree order (a norm is summed from them on the host: Shards.norm)."""
   leaves = jax.tree.leaves(tree)
@@ -96,15 +87,13 @@ def merge_sizes(num_learners: int) -> tuple[int, ...]:
   return tuple(sorted({min(1 << i, num_learners) for i in range(num_learners.bit_length() + 1)}))
 
 
-def outer_step(theta: PyTree, opt_state: PyTree, deltas: Sequence[PyTree], weights: jax.Array, scale: jax.Array,
-               momentum: jax.Array | None = None, *, tx: optax.GradientTransformation, method: str,
+def outer_step(theta: PyTree, opt_state: PyTree, deltas: Sequence[PyTree], weights: jax.Array, share: jax.Array, *,
+               tx: optax.GradientTransformationExtraArgs, method: str,
                mean_for: Callable[[str], bool] | None) -> tuple[PyTree, PyTree, jax.Array]:
-  """Θ' = Θ − outer_opt(scale · merge(Δ, w)); returns Θ', the optimizer state and the update's tensors' sums of
-  squares. `momentum` (momentum_per = "round") is this merge's momentum decay."""
-  if momentum is not None:
-    opt_state.hyperparams["momentum"] = momentum
-  delta = jax.tree.map(lambda d: d * scale, averaging.merge(deltas, weights, method=method, mean_for=mean_for))
-  updates, opt_state = tx.update(delta, opt_state, theta)
+  """Θ' = Θ + tx(merge(Δ, w); share): the outer rule (outer_rules.py) on the merged outer gradient of a merge that is
+  `share` of a round; returns Θ', the rule's state and the update's tensors' sums of squares."""
+  delta = averaging.merge(deltas, weights, method=method, mean_for=mean_for)
+  updates, opt_state = tx.update(delta, opt_state, theta, share=share)
   return optax.apply_updates(theta, updates), opt_state, tensor_sums(updates)
 
 
@@ -119,8 +108,7 @@ class Syncer:
     self.codec = codec  # decodes compressed reports (compression.up != "none")
     self.mirrors = mirrors  # what each learner holds, and Θ's updates to it (compression.down != "none")
     self.num_learners = num_learners  # the most learners there can be (merge sizes are compiled up to it)
-    self.tx = outer_optimizer(cfg)
-    self._per_round = cfg.momentum_per == "round" and cfg.momentum > 0
+    self.tx = outer_rules.outer_transformation(cfg, shards.num if shards else 1)
     self.version = 0
     # Where Θ's tensors live and merge: the host CPU device, or S of them (syncer.shards).
     self.shards = shards or Shards(params, [jax.tree.leaves(params)[0].sharding])
@@ -269,11 +257,8 @@ class Syncer:
       weights = averaging.token_weight(*zip(*(r.trained() for r in kept)))
     else:
       weights = np.ones(len(kept), np.float32)
-    # A merge of n of M learners is n/M of a synchronous outer step (outer.scale == "fraction").
-    fraction = len(kept) / (members or self.num_learners)
-    scale = np.float32(fraction if self.cfg.scale == "fraction" else 1.0)
-    # momentum_per = "round": the momentum decays by momentum^(n/M) at a merge of n of M learners.
-    momentum = np.float32(self.cfg.momentum ** fraction) if self._per_round else None
+    # A merge of n of M learners is n/M of a synchronous round (outer.scale "fraction" scales its step by it).
+    share = np.float32(len(kept) / (members or self.num_learners))
     # Padded with zero deltas of weight 0 up to a compiled size, so no merge waits for a compilation.
     size = next(n for n in merge_sizes(self.num_learners) if n >= len(kept))
     weights = np.concatenate([weights, np.zeros(size - len(kept), np.float32)])
@@ -287,7 +272,7 @@ class Syncer:
       # Every operand is placed explicitly where the shard lives (a host CPU), never on the default device.
       theta_s, outer[s], sums_s = self._program(size, p, s)(
           theta_s, outer_s, [deltas[i][s] for i in keep] + pads,
-          *jax.device_put((weights, scale, momentum), self.shards.shardings[s]))
+          *jax.device_put((weights, share), self.shards.shardings[s]))
       parts.append(theta_s)
       sums.append(sums_s)
     theta = self.shards.join(parts)
@@ -386,8 +371,7 @@ class Syncer:
         warnings.filterwarnings("ignore", "Some donated buffers were not usable")
         theta = self.shards.part(self.trees.part(self.params, p), s)
         self._programs[p, size, s] = self._step.lower(like(theta), like(self._outer_states(p)[s]),
-                                                      [like(theta)] * size, scalar((size,)), scalar(()),
-                                                      scalar(()) if self._per_round else None).compile()
+                                                      [like(theta)] * size, scalar((size,)), scalar(())).compile()
     return self._programs[p, size, s]
 
   def commit(self, result: MergeResult, live: Sequence[tuple[int, int]]) -> None:
