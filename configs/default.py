@@ -196,10 +196,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Outer momentum, and whether it is Nesterov momentum.
   config.outer.momentum = 0.6
   config.outer.nesterov = True
-  # "merge": the momentum decays by outer.momentum at every merge; "round": a merge of n of M learners decays it by
-  # outer.momentum^(n/M), so by outer.momentum per M reports merged, as in one synchronous round (K < M merges
-  # of one learner then keep the momentum a synchronous run has; docs/results/scaling.md).
-  config.outer.momentum_per = "merge"
+  # How a merge's outer gradient moves Θ (runtime/diloco/sync/outer_rules.py; a merge of n of M learners is n/M of a
+  # round): "nesterov", one momentum step per merge whatever its share; "delayed_nesterov", a plain step per merge,
+  # the momentum stepping once per round's worth of merges on their sum (Liu et al. 2024); "momentum_per_round", the
+  # momentum decaying by outer.momentum^(n/M) at each merge, so by outer.momentum per M reports merged.
+  config.outer.rule = "nesterov"
   # K: merge as soon as this many learners have reported.
   config.outer.quorum = 1
   # Per-tensor merge: "rda" (radial-directional averaging) or "mean".

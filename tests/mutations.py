@@ -236,6 +236,17 @@ MUTATIONS = {
         "jnp.asarray(cfg.momentum, jnp.float32)",
         "tests/unit/test_syncer.py::"
         "test_per_round_momentum_decays_by_mu_per_m_reports_and_equals_per_merge_momentum_for_full_merges"),
+    # Asynchrony 2 of 3: the outer rules
+    "nesterov_rule_is_heavy_ball": (
+        "runtime/diloco/sync/outer_rules.py", "nesterov=cfg.nesterov and cfg.momentum > 0)", "nesterov=False)",
+        "tests/unit/test_syncer.py::test_delayed_nesterov_with_a_whole_round_per_merge_is_nesterov_to_the_bit"),
+    "delayed_nesterov_steps_its_momentum_every_merge": (
+        "runtime/diloco/sync/outer_rules.py", "    ends = filled > 1 - ROUND_EPS\n", "    ends = share > 0\n",
+        "tests/unit/test_syncer.py::test_delayed_nesterov_follows_the_hand_computation_over_partial_and_crossing_merges"),
+    "delayed_nesterov_drops_what_crosses_the_round": (
+        "runtime/diloco/sync/outer_rules.py", "buffer=pick(rest, buffer)",
+        "buffer=pick(jax.tree.map(jnp.zeros_like, rest), buffer)",
+        "tests/unit/test_syncer.py::test_delayed_nesterov_follows_the_hand_computation_over_partial_and_crossing_merges"),
     # Asynchrony 1 of 3: the round plan; the resume of parts queued behind another
     "last_report_overtakes_the_parts_in_flight": (
         "runtime/diloco/round_plan.py", "    if view.in_flight and view.steps_left < 1:",

@@ -31,7 +31,9 @@ MERGE_METHODS = ("rda", "mean")  # per tensor: radial-directional averaging, or 
 RECEIVE_MODES = ("carry", "overwrite", "mix")  # what happens to overlap steps when Θ arrives
 OUTER_GRAD_BASES = ("current", "base")
 OUTER_SCALES = ("fraction", "none")
-MOMENTUM_PER = ("merge", "round")
+# The outer step's rule (runtime/diloco/sync/outer_rules.py): one momentum step per merge; one per round's worth of
+# merges with plain steps between (Liu et al. 2024); or the momentum decaying by momentum^(n/M) per merge of n of M
+OUTER_RULES = ("nesterov", "delayed_nesterov", "momentum_per_round")
 ROUND_LENGTHS = ("steps", "time")
 POSITIONS = ("rotary", "learned")
 DTYPES = ("float32", "bfloat16")
@@ -70,9 +72,7 @@ class OuterConfig:
   lr: float = 0.7
   momentum: float = 0.9
   nesterov: bool = True
-  # "merge": the momentum decays by `momentum` at every merge; "round": a merge of n of M learners decays it by
-  # momentum^(n/M), so by `momentum` per M reports merged, as one synchronous round does, whatever the quorum
-  momentum_per: str = "merge"
+  rule: str = "nesterov"  # one of OUTER_RULES: how a merge's outer gradient moves Θ and the momentum
   quorum: int = 1
   merge: str = "rda"
   embed_mean: bool = True  # embeddings use the plain weighted mean under RDA
@@ -252,9 +252,11 @@ def with_budget(run: RunConfig) -> RunConfig:
   return dataclasses.replace(run, total_steps=max(int(rounds), 1) * run.inner_steps)
 
 
-# Fields that moved or were renamed: the error for the old name says where they went.
+# Fields that moved or were renamed: the error for the old name says where they went (the new name, then how its
+# values read, if they changed).
 MOVED = {"faults.quarantine_factor": "outer.quarantine_factor", "faults.max_delta_norm": "outer.max_delta_norm",
-         "faults.checkpoint_every": "faults.restart_checkpoint_every"}
+         "faults.checkpoint_every": "faults.restart_checkpoint_every",
+         "outer.momentum_per": "outer.rule ('merge' is 'nesterov', 'round' is 'momentum_per_round')"}
 
 
 def _tuple(field: dataclasses.Field, name: str, value: Any) -> tuple:
@@ -289,7 +291,9 @@ def _build(cls: type, cfg: ml_collections.ConfigDict | None, prefix: str) -> Any
     if key not in fields:
       moved = MOVED.get(f"{prefix}{key}")
       close = difflib.get_close_matches(key, fields, n=1)
-      raise ConfigError(f"{prefix}{key}", value, f"only under its new name '{moved}'" if moved else
+      new, _, how = (moved or "").partition(" ")
+      raise ConfigError(f"{prefix}{key}", value, f"only under its new name '{new}'" + (f" {how}" if how else "")
+                        if moved else
                         (f"(unknown field; did you mean '{prefix}{close[0]}'?) " if close else "") +
                         f"one of the fields {sorted(fields)}")
     is_tuple = typing.get_origin(fields[key].type) is tuple and key != "schedule"
@@ -458,7 +462,7 @@ def _validate(run: RunConfig) -> None:
         "one of ('learner', 'run')")
   check(o.lr > 0, "outer.lr", o.lr, "a float > 0")
   check(0 <= o.momentum < 1, "outer.momentum", o.momentum, "a float in [0, 1)")
-  check(o.momentum_per in MOMENTUM_PER, "outer.momentum_per", o.momentum_per, f"one of {MOMENTUM_PER}")
+  check(o.rule in OUTER_RULES, "outer.rule", o.rule, f"one of {OUTER_RULES}")
   check(1 <= o.quorum <= run.learners, "outer.quorum", o.quorum, f"an integer in [1, learners={run.learners}]")
   check(o.merge in MERGE_METHODS, "outer.merge", o.merge, f"one of {MERGE_METHODS}")
   check(o.outer_grad_base in OUTER_GRAD_BASES, "outer.outer_grad_base", o.outer_grad_base,

@@ -197,16 +197,17 @@ def test_twenty_random_sigkills_across_seeds_lose_nothing_and_repeat_nothing(tmp
   assert kills >= 20
 
 
-def test_per_round_outer_momentum_resumes_bit_identical_and_moves_with_one_learner_merges(tiny_config, tmp_path,
-                                                                                         monkeypatch):
-  tiny_config.outer.momentum_per = "round"  # its momentum is a hyper-parameter in the outer state, saved with it
-  tiny_config.clock.speeds = (1.0, 1.1, 1.2, 1.3)  # merges of one learner: momentum^(1/4) each
+@pytest.mark.parametrize("rule", ["momentum_per_round", "delayed_nesterov"])
+def test_an_outer_rules_state_resumes_bit_identical_and_moves_with_one_learner_merges(tiny_config, tmp_path,
+                                                                                     monkeypatch, rule):
+  tiny_config.outer.rule = rule  # its state (a per-merge momentum, or a round's buffer and fill) is saved with Θ
+  tiny_config.clock.speeds = (1.0, 1.1, 1.2, 1.3)  # merges of one learner: a quarter of a round each
   tiny_config.checkpoint_every = 1
   result = assert_resumes_bit_identical(tiny_config, tmp_path, monkeypatch, kills=(3,))
   merges = [r for r in result.records if r["kind"] == "merge"]
   assert {r["num_merged"] for r in merges} == {1}
-  tiny_config.outer.momentum_per = "merge"
-  other = modes.train(tiny_config, tmp_path / "per_merge")[0]
+  tiny_config.outer.rule = "nesterov"
+  other = modes.train(tiny_config, tmp_path / "nesterov")[0]
   assert other.final_eval_loss != result.final_eval_loss
 
 

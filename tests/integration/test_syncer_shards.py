@@ -21,12 +21,14 @@ def _staggered(config):
   return config
 
 
-def test_a_syncer_in_four_shards_trains_to_the_same_bits_as_one(make_tiny_config, tmp_path):
+@pytest.mark.parametrize("rule", ["nesterov", "delayed_nesterov",
+                                  pytest.param("momentum_per_round", marks=pytest.mark.slow)])
+def test_a_syncer_in_four_shards_trains_to_the_same_bits_as_one(make_tiny_config, tmp_path, rule):
   runs = {}
   for shards in (1, 4):
     config = _staggered(make_tiny_config())
-    config.syncer.shards = shards
-    runs[shards] = modes.train(config, tmp_path / str(shards))[0]
+    config.syncer.shards, config.outer.rule = shards, rule
+    runs[shards] = modes.train(config, tmp_path / rule / str(shards))[0]
   one, four = runs[1], runs[4]
   records = lambda result: [{k: v for k, v in r.items() if k != "wall_time"} for r in result.records]
   assert records(one) == records(four)

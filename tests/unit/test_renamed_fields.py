@@ -26,3 +26,11 @@ def test_the_new_name_sets_the_interval_and_the_runs_own_checkpoint_every_stays_
   config.mode, config.faults.restart_checkpoint_every = "dp_restart", 7
   run = from_config_dict(config)
   assert (run.faults.restart_checkpoint_every, run.checkpoint_every) == (7, 0)
+
+
+def test_the_old_outer_momentum_per_names_outer_rule_and_how_its_values_read():
+  config = default.get_config()
+  config.outer.momentum_per = "round"
+  with pytest.raises(ConfigError, match="new name 'outer.rule' .*'round' is 'momentum_per_round'") as err:
+    from_config_dict(config)
+  assert err.value.field == "outer.momentum_per" and "\n" not in str(err.value)

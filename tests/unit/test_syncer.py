@@ -9,10 +9,11 @@ import optax
 import pytest
 
 from runtime.cluster import devices as devices_lib
-from runtime.config.run import OuterConfig
+from runtime.config.run import OUTER_RULES, OuterConfig
 from runtime.diloco.sync import outer_rules
 from runtime.diloco.sync.messages import Report
 from runtime.diloco.sync.syncer import Syncer, merge_sizes, outer_step
+from runtime.errors import ConfigError
 
 
 def _report(learner, params, tokens=100, steps=10, base=0):
@@ -45,15 +46,84 @@ def _momentum_after(syncer, merges):
 def test_per_round_momentum_decays_by_mu_per_m_reports_and_equals_per_merge_momentum_for_full_merges():
   outer = dict(momentum=0.6, nesterov=True, scale="none")
   full = [[0, 1, 2, 3]] * 3
-  per_merge, per_round = (_momentum_after(_syncer(momentum_per=m, **outer), full) for m in ("merge", "round"))
+  per_merge, per_round = (_momentum_after(_syncer(rule=r, **outer), full) for r in ("nesterov", "momentum_per_round"))
   np.testing.assert_array_equal(per_merge, per_round)  # n = M: the same step, bit for bit
   ones = [[0], [1], [2], [3]]  # four merges of one learner: the momentum of one synchronous round's decay
-  trace = _momentum_after(_syncer(momentum_per="round", **outer), ones)
+  trace = _momentum_after(_syncer(rule="momentum_per_round", **outer), ones)
   decay = np.float32(0.6) ** 0.25
   expected = sum(decay**k for k in range(4))  # each merge adds a unit outer gradient to the decayed trace
   np.testing.assert_allclose(trace, np.full(3, expected), rtol=1e-6)
   assert not np.allclose(_momentum_after(_syncer(**outer), ones), expected)  # per merge: 1 + 0.6 + 0.36 + 0.216
 
+
+def _merge_sequence(syncer, sequence):
+  """Commits one merge per (learners, c): each learner reports θ = Θ − c, so the merged outer gradient is c."""
+  for learners, c in sequence:
+    result = syncer.compute([_report(m, jax.tree.map(lambda x: x - c, syncer.params), base=syncer.version)
+                             for m in learners])
+    syncer.commit(result, live=[(-1, result.version)])
+  return np.asarray(syncer.params["w"])
+
+
+# Shares ¼, ½, ¼ (a round), 1 (a round), ¾, then ½ crossing the round's end (¼ in, ¼ into the next), then ¾.
+_SHARES_SEQUENCE = [([0], 1.0), ([1, 2], -2.0), ([3], 4.0), ([0, 1, 2, 3], 0.5), ([0, 1, 2], 3.0), ([3, 0], -1.0),
+                    ([1, 2, 3], 2.0)]
+
+
+def _delayed_nesterov_by_hand(lr, mu, nesterov):
+  """Θ's path under delayed Nesterov, one scalar, in float64: every merge a plain step of its share-scaled outer
+  gradient u = σ·c; the merge that fills a round also steps the momentum by the round's buffer (only the part of a
+  crossing u inside the round) and adds μ·m (Nesterov: the new m; heavy ball: the old one)."""
+  theta, m, buffer, filled = 0.0, 0.0, 0.0, 0.0
+  for learners, c in _SHARES_SEQUENCE:
+    share = len(learners) / 4
+    u = share * c
+    if filled + share < 1 - 1e-9:
+      buffer, filled = buffer + u, filled + share
+      theta -= lr * u
+      continue
+    past = filled + share - 1
+    inside = (share - past) / share
+    old = m
+    m = mu * m + buffer + inside * u
+    theta -= lr * (u + mu * (m if nesterov else old))
+    buffer, filled = (1 - inside) * u, past
+  return theta
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_delayed_nesterov_follows_the_hand_computation_over_partial_and_crossing_merges(nesterov):
+  syncer = _syncer(rule="delayed_nesterov", lr=0.7, momentum=0.6, nesterov=nesterov, scale="fraction")
+  theta = _merge_sequence(syncer, _SHARES_SEQUENCE)
+  np.testing.assert_allclose(theta, np.full(3, _delayed_nesterov_by_hand(0.7, 0.6, nesterov)), rtol=1e-6)
+  state = syncer.opt_state[1][0]
+  assert float(state.filled) == pytest.approx(0.0, abs=1e-6)  # ¼ carried + ¾: the fourth round ended exactly
+
+
+def test_delayed_nesterov_with_a_whole_round_per_merge_is_nesterov_to_the_bit():
+  full = [([0, 1, 2, 3], c) for c in (1.0, -0.5, 2.0, 0.25)]
+  outer = dict(lr=0.7, momentum=0.6, nesterov=True, scale="fraction")
+  delayed, nesterov = (_merge_sequence(_syncer(rule=rule, **outer), full) for rule in ("delayed_nesterov", "nesterov"))
+  np.testing.assert_array_equal(delayed, nesterov)
+  partial = [([m], c) for m, c in zip(range(4), (1.0, -0.5, 2.0, 0.25))]
+  delayed, nesterov = (_merge_sequence(_syncer(rule=rule, **outer), partial)
+                       for rule in ("delayed_nesterov", "nesterov"))
+  assert not np.allclose(delayed, nesterov)
+
+
+
+def test_every_configurable_rule_is_built_and_a_rule_that_is_not_elementwise_is_refused_on_a_sharded_syncer(
+    monkeypatch):
+  assert tuple(outer_rules.RULES) == OUTER_RULES
+  for rule in OUTER_RULES:
+    outer_rules.outer_transformation(OuterConfig(rule=rule), shards=4)
+  clip = outer_rules.Rule(lambda cfg: optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(cfg.lr)),
+                          elementwise=False)
+  monkeypatch.setitem(outer_rules.RULES, "clipped", clip)
+  outer_rules.outer_transformation(OuterConfig(rule="clipped"), shards=1)
+  with pytest.raises(ConfigError, match="outer.rule.*syncer.shards=4") as err:
+    outer_rules.outer_transformation(OuterConfig(rule="clipped"), shards=4)
+  assert "\n" not in str(err.value)
 
 def test_token_weights_favour_learners_with_more_tokens_per_step():
   syncer = _syncer(scale="none", token_weighting=True)

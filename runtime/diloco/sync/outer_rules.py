@@ -14,7 +14,7 @@ norm over every shard's tensors, which no shard's transformation sees; a rejecte
 """
 
 import dataclasses
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -54,8 +54,57 @@ def _momentum_per_round(cfg: OuterConfig) -> optax.GradientTransformationExtraAr
   return optax.GradientTransformationExtraArgs(inner.init, update)
 
 
-RULES: dict[str, Rule] = {
+class DelayedNesterovState(NamedTuple):
+  """Delayed Nesterov's state: the momentum, and the round it has not stepped for yet."""
+
+  momentum: optax.Updates  # m: one step per round's worth of merges
+  buffer: optax.Updates  # the (share-scaled) outer gradients merged in this round so far
+  filled: jax.Array  # the shares of a round they make up, in [0, 1)
+
+
+ROUND_EPS = 1e-6  # shares within this of a round's end end it (float32 sums of n/M miss 1 by rounding)
+
+
+def _delayed_nesterov(cfg: OuterConfig) -> optax.GradientTransformationExtraArgs:
+  """Delayed Nesterov (`delayed_nesterov`) at the learning rate; without momentum it is plain SGD, as every rule."""
+  if not cfg.momentum:
+    return _nesterov(cfg)
+  return optax.chain(delayed_nesterov(cfg.momentum, cfg.nesterov), optax.scale_by_learning_rate(cfg.lr))
+
+
+def delayed_nesterov(decay: float, nesterov: bool = True) -> optax.GradientTransformationExtraArgs:
+  """Delayed Nesterov (Liu et al. 2024, arXiv 2401.09135, its momentum activation c = 0): a merge of outer
+  gradient u and share σ applies a plain step of u and adds it to the round's buffer b; the merge that fills a
+  round's worth of shares also steps the momentum once, m ← μ·m + b, and its update is u + μ·m (Nesterov; heavy ball:
+  with the old m). A merge crossing the round's end adds only the part of u inside the round, (1 − f)/σ of it where
+  f was filled before; the rest opens the next round's buffer. Merges of a whole round each are outer.rule=nesterov
+  to the bit."""
+
+  def init(params):
+    zeros = lambda: jax.tree.map(jnp.zeros_like, params)
+    return DelayedNesterovState(zeros(), zeros(), jnp.zeros((), jnp.float32))
+
+  def update(updates, state, params=None, *, share, **extra):
+    del params, extra
+    filled = state.filled + share
+    past = jnp.where(filled - 1 > ROUND_EPS, filled - 1, 0.0)  # the part of σ past the round's end
+    ends = filled > 1 - ROUND_EPS
+    inside = jnp.where(share > 0, (share - past) / share, 1.0)  # the part of u in this round (1 unless it crosses)
+    buffer = jax.tree.map(lambda b, u: b + (inside * u).astype(u.dtype), state.buffer, updates)
+    stepped = jax.tree.map(lambda b, m: b + decay * m, buffer, state.momentum)
+    looked = jax.tree.map(lambda u, m: u + decay * m, updates, stepped if nesterov else state.momentum)
+    pick = lambda a, b: jax.tree.map(lambda x, y: jnp.where(ends, x, y), a, b)
+    rest = jax.tree.map(lambda u: ((1 - inside) * u).astype(u.dtype), updates)
+    new = DelayedNesterovState(momentum=pick(stepped, state.momentum), buffer=pick(rest, buffer),
+                               filled=jnp.where(ends, past, filled))
+    return pick(looked, updates), new
+
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
+RULES: dict[str, Rule] = {  # (the names of OUTER_RULES, runtime/config/run.py)
     "nesterov": Rule(_nesterov, elementwise=True),
+    "delayed_nesterov": Rule(_delayed_nesterov, elementwise=True),
     "momentum_per_round": Rule(_momentum_per_round, elementwise=True),
 }
 
@@ -70,17 +119,12 @@ def scale_by_share() -> optax.GradientTransformationExtraArgs:
   return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
 
 
-def rule_name(cfg: OuterConfig) -> str:
-  return "momentum_per_round" if cfg.momentum_per == "round" and cfg.momentum > 0 else "nesterov"
-
-
 def outer_transformation(cfg: OuterConfig, shards: int = 1) -> optax.GradientTransformationExtraArgs:
   """The outer step of `cfg`'s rule; refused (one line) on a sharded syncer if the rule is not elementwise."""
-  name = rule_name(cfg)
-  rule = RULES[name]
+  rule = RULES[cfg.rule]
   if shards > 1 and not rule.elementwise:
     fit = sorted(n for n, r in RULES.items() if r.elementwise)
-    raise ConfigError("outer.rule", name, f"one of {fit} with syncer.shards={shards} (its step is not elementwise, "
+    raise ConfigError("outer.rule", cfg.rule, f"one of {fit} with syncer.shards={shards} (its step is not elementwise, "
                       "so each shard's part of it would differ), or syncer.shards=1")
   scale = scale_by_share() if cfg.scale == "fraction" else optax.identity()
   return optax.chain(scale, rule.build(cfg))
