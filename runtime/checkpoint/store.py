@@ -1,12 +1,15 @@
 """A run's checkpoints: saved asynchronously with orbax, verified by a digest of their files, restored newest first.
 
 A save blocks only while orbax copies the arrays to host memory; the files are written in the background and
-committed by orbax's atomic rename, so a save interrupted by a kill never appears as a checkpoint. Once committed,
-each checkpoint gets `digest.sha256` (a SHA-256 over its files, computed off the caller's thread). Restoring takes
-the newest checkpoint whose digest matches its files and that loads; one without a digest (the run stopped before
-it was verified), with a mismatch (truncated or overwritten files) or that fails to load is skipped with a warning
-naming it, and the one before is tried. If checkpoints exist and none is sound, nothing is restored and nothing moved:
-the run is refused (a fresh start must be asked for, with resume=False), never silently begun again from step 0.
+committed by orbax's atomic rename, so a save interrupted by a kill never appears as a checkpoint. As soon as it is
+committed, each checkpoint gets `digest.sha256` (a SHA-256 over its files, computed off the caller's thread).
+Restoring takes the newest checkpoint whose digest matches its files and that loads; one without a digest (the run
+stopped before it was verified), with a mismatch (truncated or overwritten files) or that fails to load is skipped
+with a warning naming it, and the one before is tried. If checkpoints exist and none is sound, nothing is restored
+and nothing moved: the run is refused (a fresh start must be asked for, with resume=False), never silently begun
+again from step 0. One exception, what a run stopped by a signal says it will do: when none of them was ever
+verified (every one lacks its digest, none is damaged), the run was stopped moments after its first commit, and it
+starts from the beginning with a warning, the unverified ones kept aside.
 
 `save` copies the arrays on the caller's thread (orbax's blocking part); `save_async` hands a function that gathers
 the arrays and metadata to a saver thread, so the caller waits for nothing unless the previous save is still
@@ -35,6 +38,8 @@ from runtime.train import preemption
 from runtime.errors import DataError
 
 DIGEST = "digest.sha256"
+UNVERIFIED = "it has no digest (the run stopped before verifying it)"
+COMMIT_POLL_SECONDS = 0.01  # how often the verifier looks for a save's commit
 PyTree = Any
 ORBAX_SAVES = threading.Lock()  # held while an orbax save starts (see above)
 
@@ -66,7 +71,7 @@ def problem(step_dir: pathlib.Path) -> str | None:
   """Why the checkpoint in `step_dir` cannot be trusted, or None."""
   digest = step_dir / DIGEST
   if not digest.exists():
-    return "it has no digest (the run stopped before verifying it)"
+    return UNVERIFIED
   if digest.read_text().strip() != _digest(step_dir):
     return "its files do not match their digest (truncated or corrupted)"
   return None
@@ -112,7 +117,6 @@ class Checkpoints:
     self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-save")
     self._gathering: concurrent.futures.Future | None = None  # the save_async in progress
     self._digests: list[concurrent.futures.Future] = []
-    self._unverified: list[int] = []
     self.blocking_seconds: list[float] = []  # per save: how long the caller waited
     self._closed = False
     if resumable:  # a second signal says what a run stopped now resumes from (not a store of restarts within a run)
@@ -146,23 +150,23 @@ class Checkpoints:
     self.blocking_seconds.append(time.perf_counter() - start)
 
   def _save(self, step: int, state: PyTree, meta: dict) -> None:
-    self._verify_committed()
     with ORBAX_SAVES:
       saved = self._manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state),
                                                                meta=ocp.args.JsonSave(meta)))
     if not saved:
       raise RuntimeError(f"checkpoint {self.directory / str(step)} was not saved: steps must exceed the newest, "
                          f"{self._manager.latest_step()}")
-    self._unverified.append(step)
+    self._digests = [*(d for d in self._digests if not d.done() or d.exception()), self._verifier.submit(
+        self._digest_when_committed, step)]
 
-  def _verify_committed(self) -> None:
-    """Digests, off this thread, the checkpoints whose background write has committed (renamed to its step)."""
-    committed = [s for s in self._unverified if (self.directory / str(s) / "commit_success.txt").exists()]
-    for step in committed:
-      self._digests.append(self._verifier.submit(self._write_digest, step))
-    self._unverified = [s for s in self._unverified if s not in committed]
-
-  def _write_digest(self, step: int) -> None:
+  def _digest_when_committed(self, step: int) -> None:
+    """On the verifier thread: waits for checkpoint `step`'s background write to commit (renamed to its step), then
+    writes its digest; returns without one if the write ends otherwise (its error is raised by `flush`)."""
+    committed = lambda: (self.directory / str(step) / "commit_success.txt").exists()
+    while not committed():
+      if not self._manager.is_saving_in_progress() and not committed():
+        return
+      time.sleep(COMMIT_POLL_SECONDS)
     step_dir = self.directory / str(step)
     try:
       tmp = step_dir / f"{DIGEST}.tmp"
@@ -176,7 +180,6 @@ class Checkpoints:
     if self._gathering is not None:
       self._gathering.result()
     self._manager.wait_until_finished()
-    self._verify_committed()
     digests, self._digests = self._digests, []
     for digest in digests:
       digest.result()
@@ -224,7 +227,7 @@ class Checkpoints:
     Skipped checkpoints are moved aside to `<directory>.skipped/` (kept, not deleted), so that the resumed run
     saves those steps afresh.
     """
-    skipped, found, why = [], None, []
+    skipped, found, why, reasons = [], None, [], []
     for step in self.steps():
       problem = self.problem(step)
       if problem is None:
@@ -238,8 +241,12 @@ class Checkpoints:
           problem = f"it failed to load ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
       logging.warning("checkpoint %s is skipped: %s; trying the one before", self.directory / str(step), problem)
       skipped.append(step)
+      reasons.append(problem)
       why.append(f"{step} ({problem})")
-    if skipped and found is None:
+    if found is None and skipped and set(reasons) == {UNVERIFIED}:  # never verified: it starts afresh (module doc)
+      logging.warning("no checkpoint under %s was ever verified (%s): the run starts from the beginning; they are "
+                      "kept aside under %s.skipped", self.directory, ", ".join(map(str, skipped)), self.directory.name)
+    elif skipped and found is None:
       raise DataError(f"no sound checkpoint under {self.directory}: " + "; ".join(why) + "; nothing was restored "
                       "or changed; to start this run afresh deliberately, run with --config.resume=False")
     if skipped:

@@ -17,7 +17,7 @@ from orbax.checkpoint._src.futures import synchronization
 from orbax.checkpoint._src.multihost import multihost as orbax_multihost
 
 from launcher import FAST, REPO, launch
-from runtime.checkpoint.store import DIGEST, Checkpoints
+from runtime.checkpoint.store import DIGEST, Checkpoints, problem
 from runtime.config.run import from_config_dict
 from runtime.errors import DataError
 from runtime.experiments import modes
@@ -93,6 +93,40 @@ def test_with_checkpoints_none_of_them_sound_the_restore_is_refused_listing_each
   assert "--config.resume=False" in message and "\n" not in message
   assert all((tmp_path / str(s)).is_dir() for s in (1, 2, 3))
   assert not tmp_path.with_name(tmp_path.name + ".skipped").exists()
+
+
+
+def test_a_committed_checkpoint_is_verified_at_once_not_at_the_next_save(tmp_path):
+  # Regression: the digest of checkpoint N was written only when save N+1 began (or at close), so a run killed in
+  # between left N unverified: with nothing older verified, the rerun had nothing to resume from.
+  checkpoints = Checkpoints(tmp_path, keep=3)
+  checkpoints.save(1, {"w": jnp.full((64,), 1.0)}, {"step": 1})
+  checkpoints._manager.wait_until_finished()  # pylint: disable=protected-access
+  deadline = time.monotonic() + 10
+  while not (tmp_path / "1" / DIGEST).exists() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert (tmp_path / "1" / DIGEST).exists(), "checkpoint 1 committed but not verified until the next save"
+  assert problem(tmp_path / "1") is None
+  checkpoints.close()
+
+
+def test_a_run_stopped_before_verifying_any_checkpoint_starts_from_the_beginning_keeping_them_aside(tmp_path,
+                                                                                                 caplog):
+  _save_three(tmp_path)
+  for step in (1, 2, 3):
+    (tmp_path / str(step) / DIGEST).unlink()
+  checkpoints = Checkpoints(tmp_path)
+  assert checkpoints.restore_latest({"w": jnp.zeros((64,))}) is None  # what a stopped run said: it starts afresh
+  checkpoints.close()
+  assert all((tmp_path.with_name(tmp_path.name + ".skipped") / str(s)).is_dir() for s in (1, 2, 3))  # kept
+  assert any("from the beginning" in r.getMessage() for r in caplog.records)
+  damaged = tmp_path.with_name(tmp_path.name + "-damaged")  # one of them damaged: refused, as before
+  _save_three(damaged)
+  (damaged / "1" / DIGEST).write_text("0" * 64 + "\n")
+  for step in (2, 3):
+    (damaged / str(step) / DIGEST).unlink()
+  with pytest.raises(DataError, match="1 \\(its files do not match their digest"):
+    Checkpoints(damaged).restore_latest({"w": jnp.zeros((64,))})
 
 
 @pytest.mark.slow  # ~20 s of CI; the refusal itself is tested above, in process
