@@ -201,6 +201,10 @@ def get_config() -> ml_collections.ConfigDict:
   # the momentum stepping once per round's worth of merges on their sum (Liu et al. 2024); "momentum_per_round", the
   # momentum decaying by outer.momentum^(n/M) at each merge, so by outer.momentum per M reports merged.
   config.outer.rule = "nesterov"
+  # A diagnostic (docs/results/asynchrony.md): a merge of n reports goes through outer.rule as n merges of one,
+  # each 1/M of a round, all measured from the Θ the merge began with (K=M then shows what partial merges cost the
+  # rule without any staleness). False: the reports are merged, then take one step.
+  config.outer.merge_one_by_one = False
   # K: merge as soon as this many learners have reported.
   config.outer.quorum = 1
   # Per-tensor merge: "rda" (radial-directional averaging) or "mean".

@@ -232,8 +232,8 @@ MUTATIONS = {
         "tests/integration/test_preemption.py::"
         "test_a_sigterm_while_a_merge_runs_stops_once_it_is_done_and_the_resumed_run_ends_bit_identical"),
     "per_round_momentum_ignores_the_fraction": (
-        "runtime/diloco/sync/outer_rules.py", "jnp.asarray(cfg.momentum, jnp.float32) ** share",
-        "jnp.asarray(cfg.momentum, jnp.float32)",
+        "runtime/diloco/sync/outer_rules.py", "jnp.asarray(decay, jnp.float32) ** share",
+        "jnp.asarray(decay, jnp.float32)",
         "tests/unit/test_syncer.py::"
         "test_per_round_momentum_decays_by_mu_per_m_reports_and_equals_per_merge_momentum_for_full_merges"),
     # Asynchrony 2 of 3: the outer rules

@@ -90,6 +90,9 @@ class OuterConfig:
   max_delta_norm: float = 1e6  # ... and so is any delta norm above this
   max_update_ratio: float = 100.0  # an outer step above this × the merged deltas' norm is never committed
   divergence_merges: int = 8  # this many merges in a row that commit nothing end the run (diverged)
+  # A diagnostic: a merge of n reports goes through the rule as n merges of one (1/M of a round each), all
+  # measured from the Θ it began with, so K=M shows what partial merges cost a rule without any staleness
+  merge_one_by_one: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -125,6 +125,28 @@ def test_every_configurable_rule_is_built_and_a_rule_that_is_not_elementwise_is_
     outer_rules.outer_transformation(OuterConfig(rule="clipped"), shards=4)
   assert "\n" not in str(err.value)
 
+
+def _one_round_per_merge(syncer, rounds):
+  """Commits one merge of all four learners per round; learner m reports θ = Θ − c·(m + 1)."""
+  for c in rounds:
+    result = syncer.compute([_report(m, jax.tree.map(lambda x: x - c * (m + 1), syncer.params), base=syncer.version)
+                             for m in range(4)])
+    syncer.commit(result, live=[(-1, result.version)])
+  return np.asarray(syncer.params["w"])
+
+
+def test_merged_one_by_one_delayed_nesterov_is_the_merged_step_and_nesterov_is_not():
+  outer, rounds = dict(lr=0.7, momentum=0.6, nesterov=True, scale="fraction"), (1.0, -0.5, 2.0)
+  together = _one_round_per_merge(_syncer(**outer), rounds)
+  by_rule = {rule: _one_round_per_merge(_syncer(rule=rule, merge_one_by_one=True, **outer), rounds)
+             for rule in OUTER_RULES}
+  np.testing.assert_allclose(by_rule["delayed_nesterov"], together, rtol=1e-6)
+  assert not np.allclose(by_rule["nesterov"], together, rtol=1e-3)
+  assert not np.allclose(by_rule["momentum_per_round"], together, rtol=1e-3)
+  plain = dict(outer, momentum=0.0)  # without momentum, one by one is the mean of the outer gradients
+  np.testing.assert_allclose(_one_round_per_merge(_syncer(merge_one_by_one=True, **plain), rounds),
+                             _one_round_per_merge(_syncer(**plain), rounds), rtol=1e-6)
+
 def test_token_weights_favour_learners_with_more_tokens_per_step():
   syncer = _syncer(scale="none", token_weighting=True)
   result = syncer.compute([_report(0, {"w": jnp.full(3, 1.0)}, tokens=100, steps=10),

@@ -40,18 +40,26 @@ def _nesterov(cfg: OuterConfig) -> optax.GradientTransformationExtraArgs:
 
 def _momentum_per_round(cfg: OuterConfig) -> optax.GradientTransformationExtraArgs:
   """SGD with (Nesterov) momentum decaying by momentum^σ at a merge of share σ, so by `momentum` per round's worth
-  of merges, as one synchronous round does whatever the quorum."""
+  of merges, as one synchronous round does whatever the quorum; merges of a whole round each are nesterov's."""
   if not cfg.momentum:
     return _nesterov(cfg)
-  inner = optax.inject_hyperparams(optax.sgd, static_args=("nesterov",))(cfg.lr, momentum=cfg.momentum,
-                                                                        nesterov=cfg.nesterov)
+  return optax.chain(trace_per_share(cfg.momentum, cfg.nesterov), optax.scale_by_learning_rate(cfg.lr))
+
+
+def trace_per_share(decay: float, nesterov: bool = True) -> optax.GradientTransformationExtraArgs:
+  """optax.trace whose decay at a merge of share σ is decay^σ."""
+
+  def init(params):
+    return optax.TraceState(trace=jax.tree.map(jnp.zeros_like, params))
 
   def update(updates, state, params=None, *, share, **extra):
-    del extra
-    decay = jnp.asarray(cfg.momentum, jnp.float32) ** share
-    return inner.update(updates, state._replace(hyperparams={**state.hyperparams, "momentum": decay}), params)
+    del params, extra
+    decayed = jnp.asarray(decay, jnp.float32) ** share
+    trace = jax.tree.map(lambda g, t: g + decayed * t, updates, state.trace)
+    out = jax.tree.map(lambda g, t: g + decayed * t, updates, trace) if nesterov else trace
+    return out, optax.TraceState(trace=trace)
 
-  return optax.GradientTransformationExtraArgs(inner.init, update)
+  return optax.GradientTransformationExtraArgs(init, update)
 
 
 class DelayedNesterovState(NamedTuple):

@@ -257,22 +257,22 @@ class Syncer:
       weights = averaging.token_weight(*zip(*(r.trained() for r in kept)))
     else:
       weights = np.ones(len(kept), np.float32)
-    # A merge of n of M learners is n/M of a synchronous round (outer.scale "fraction" scales its step by it).
-    share = np.float32(len(kept) / (members or self.num_learners))
-    # Padded with zero deltas of weight 0 up to a compiled size, so no merge waits for a compilation.
-    size = next(n for n in merge_sizes(self.num_learners) if n >= len(kept))
-    weights = np.concatenate([weights, np.zeros(size - len(kept), np.float32)])
+    # outer.merge_one_by_one (a diagnostic): the reports go through the rule as merges of one each, all measured from
+    # the Θ this merge began with.
+    groups = [[j] for j in range(len(kept))] if self.cfg.merge_one_by_one else [list(range(len(kept)))]
     parts, sums = [], []
     for s, (theta_s, outer_s) in enumerate(zip(self.shards.parts(theta), outer)):
       if outer_s is None:  # (no tensor of this fragment on shard s)
         parts.append(theta_s)
         sums.append(None)
         continue
-      pads = [self._delta(theta_s, theta_s)[0] for _ in range(size - len(kept))]
-      # Every operand is placed explicitly where the shard lives (a host CPU), never on the default device.
-      theta_s, outer[s], sums_s = self._program(size, p, s)(
-          theta_s, outer_s, [deltas[i][s] for i in keep] + pads,
-          *jax.device_put((weights, share), self.shards.shardings[s]))
+      began = theta_s
+      for group in groups:
+        theta_s, outer_s, sums_s = self._apply(theta_s, outer_s, [deltas[keep[j]][s] for j in group], weights[group],
+                                               len(group) / (members or self.num_learners), p, s)
+      if len(groups) > 1:  # the norm of the whole update
+        sums_s = self._delta(began, theta_s)[1]
+      outer[s] = outer_s
       parts.append(theta_s)
       sums.append(sums_s)
     theta = self.shards.join(parts)
@@ -288,6 +288,18 @@ class Syncer:
         staleness=tuple(self.version - r.base_version for r in kept),
         delta_norms=tuple(float(norms[i]) for i in keep), update_norm=update_norm,
         tokens=sum(r.tokens for r in kept), steps=sum(r.steps for r in kept))
+
+  def _apply(self, theta: PyTree, outer: PyTree, deltas: list[PyTree], weights: np.ndarray, share: float, p: int,
+             s: int) -> tuple[PyTree, PyTree, jax.Array]:
+    """One outer step of fragment p on shard s: the deltas merged with their weights, through the rule as `share` of
+    a round (a merge of n of M learners is n/M of one). Padded with zero deltas of weight 0 up to a compiled size, so
+    no merge waits for a compilation."""
+    size = next(n for n in merge_sizes(self.num_learners) if n >= len(deltas))
+    pads = [self._delta(theta, theta)[0] for _ in range(size - len(deltas))]
+    weights = np.concatenate([weights, np.zeros(size - len(deltas), np.float32)])
+    # Every operand is placed explicitly where the shard lives (a host CPU), never on the default device.
+    return self._program(size, p, s)(theta, outer, deltas + pads,
+                                     *jax.device_put((weights, np.float32(share)), self.shards.shardings[s]))
 
   def _outer_gradient(self, report: Report) -> tuple[PyTree, Any, str]:
     """A report's outer gradient measured from its reference Θ, and its norm; or why it cannot be.
