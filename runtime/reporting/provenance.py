@@ -34,7 +34,7 @@ def _version(package: str) -> str | None:
     return None
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
   """The repository's commit (with '+dirty' for uncommitted changes), or None outside a git checkout."""
   try:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_REPO, capture_output=True, text=True, timeout=5,
@@ -52,7 +52,7 @@ def environment() -> dict[str, Any]:
   return dict(
       command=[sys.executable, *sys.argv], cwd=os.getcwd(), host=socket.gethostname(),
       started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      python=platform.python_version(), platform=platform.platform(), git_commit=_git_commit(),
+      python=platform.python_version(), platform=platform.platform(), git_commit=git_commit(),
       packages={p: _version(p) for p in _PACKAGES}, backend=jax.default_backend(), device_count=len(devices),
       device_kind=devices[0].device_kind, xla_flags=os.environ.get("XLA_FLAGS", ""))
 
