@@ -20,6 +20,8 @@ _LENGTHS = flags.DEFINE_list("lengths", ["steps", "time"], "rounds.length values
 _RULES = flags.DEFINE_list("rules", ["nesterov"], "outer.rule values.")
 _BASES = flags.DEFINE_list("bases", ["current"], "outer.outer_grad_base values.")
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds.")
+_TABLE_ONLY = flags.DEFINE_bool("table_only", False, "Only print the table of the grid's cells that have rows.")
+_MARKDOWN = flags.DEFINE_bool("markdown", False, "Print the table as Markdown (for docs/results).")
 
 
 def main(argv: list[str]) -> None:
@@ -33,7 +35,7 @@ def main(argv: list[str]) -> None:
                          seeds=tuple(cli.integers("seeds", _SEEDS.value)))
   overrides = ",".join(f"{k}={cli.typed_text(v)}" for k, v in sorted(cli.overrides().items()))
   cli.launch("runtime.experiments.asynchrony:run", _CONFIG.value, os.path.dirname(_ROWS.value) or ".", _ROWS.value,
-             asynchrony.setting_name(cli.config_file()), overrides, grid)
+             asynchrony.setting_name(cli.config_file()), overrides, grid, _TABLE_ONLY.value, _MARKDOWN.value)
 
 
 if __name__ == "__main__":

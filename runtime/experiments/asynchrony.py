@@ -139,14 +139,15 @@ def row_of(cell: dict, result: RunResult) -> dict:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, rows_path: str | os.PathLike,
-        setting: str, overrides: str, grid: Grid) -> list[dict]:
-  """Runs every cell of `grid` whose row is not in `rows_path` yet, appending each row as it finishes; returns the
-  table of the grid's cells. `workdir`: the rows file's directory (the runs keep no directory of their own)."""
+        setting: str, overrides: str, grid: Grid, table_only: bool = False, markdown: bool = False) -> list[dict]:
+  """Runs every cell of `grid` whose row is not in `rows_path` yet (none with `table_only`), appending each row as it
+  finishes; returns and prints (as Markdown with `markdown`) the table of the grid's cells that have rows.
+  `workdir`: the rows file's directory (the runs keep no directory of their own)."""
   del workdir
   grid.check()
   done = {key_of(r) for r in read_rows(rows_path)}
   cells = list(grid.cells(setting, overrides))
-  todo = [c for c in cells if key_of(c) not in done]
+  todo = [] if table_only else [c for c in cells if key_of(c) not in done]
   logging.info("asynchrony study: %d cells, %d with rows already in %s", len(cells), len(cells) - len(todo), rows_path)
   if todo:
     prepare(cell_config(config, todo[0]))  # simulated devices, once, before JAX starts
@@ -156,7 +157,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, ro
     logging.info("asynchrony study: cell %d of %d: %s", i + 1, len(todo), name)
     append_row(rows_path, row_of(cell, train_one(run_cfg, Experiment(run_cfg), None, name)))
   table = tabulate(read_rows(rows_path), {key_of(c) for c in cells})
-  print(summary.summary_table(table, COLUMNS, title=f"asynchrony study: {rows_path}"))
+  print(summary.summary_table(table, COLUMNS, title=None if markdown else f"asynchrony study: {rows_path}",
+                              markdown=markdown))
   return table
 
 

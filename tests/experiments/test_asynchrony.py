@@ -55,4 +55,7 @@ def test_another_axis_value_is_another_cell_and_bad_values_name_the_flag(make_ti
   assert len(asynchrony.read_rows(rows)) == 2  # the nesterov cell had its row: only delayed Nesterov ran
   with pytest.raises(UsageError, match="--sizes: 'huge'.*tiny"):
     _study(make_tiny_config(), rows, sizes=("huge",))
+  shown = asynchrony.run(make_tiny_config(), tmp_path, rows, "configs/default.py", "total_steps=16",
+                         asynchrony.Grid(variants=("K=M", "K=1"), lengths=("steps",)), table_only=True)
+  assert [t["variant"] for t in shown] == ["K=M"]  # nothing run, only the cells with rows shown
   assert math.isnan(asynchrony.tabulate([{**asynchrony.read_rows(rows)[0], "variant": "K=1"}])[0]["vs_K=M_%"])

@@ -85,8 +85,9 @@ def delayed_nesterov(decay: float, nesterov: bool = True) -> optax.GradientTrans
   gradient u and share σ applies a plain step of u and adds it to the round's buffer b; the merge that fills a
   round's worth of shares also steps the momentum once, m ← μ·m + b, and its update is u + μ·m (Nesterov; heavy ball:
   with the old m). A merge crossing the round's end adds only the part of u inside the round, (1 − f)/σ of it where
-  f was filled before; the rest opens the next round's buffer. Merges of a whole round each are outer.rule=nesterov
-  to the bit."""
+  f was filled before; the rest opens the next round's buffer. Merges of a whole round each take outer.rule=nesterov's
+  steps (equal up to float rounding: XLA may contract the two programs' multiply-adds differently on large tensors).
+  """
 
   def init(params):
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)
