@@ -125,9 +125,11 @@ class RoundRadiusState(NamedTuple):
 def round_radius(radial: Callable[[str], bool]) -> optax.GradientTransformationExtraArgs:
   """RDA's radius across a round's partial merges (outer.merge_radius="round"), per tensor: a merge's share-scaled
   step u is multiplied by the last whole round's Σ|u| / |Σu|, the factor by which RDA's radius (the merged outer
-  gradients' mean norm) exceeds the norm of their plain sum. A merge of a whole round learns its own factor only
-  after it is applied, so K=M runs are unchanged in expectation only where that factor is stable; tensors `radial`
-  rejects (the embeddings, which RDA merges by the mean: outer.embed_mean) keep a factor of 1."""
+  gradients' mean norm) exceeds the norm of their plain sum (its direction stays the plain sum's, where RDA's
+  averages unit vectors). A merge of a whole round has the factor |u| / |u| = 1, so K=M runs are unchanged; a merge
+  crossing a round's end counts wholly in the round it ends. Tensors `radial` rejects (the embeddings, which RDA
+  merges by the mean: outer.embed_mean) keep a factor of 1. Per tensor, so a sharded syncer (whole tensors on each
+  shard) takes the same step."""
 
   def init(params):
     scalar = lambda value: jax.tree.map(lambda _: jnp.full((), value, jnp.float32), params)
