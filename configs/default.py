@@ -205,10 +205,6 @@ def get_config() -> ml_collections.ConfigDict:
   # each 1/M of a round, all measured from the Θ the merge began with (K=M then shows what partial merges cost the
   # rule without any staleness). False: the reports are merged, then take one step.
   config.outer.merge_one_by_one = False
-  # Where RDA's radius (the merged outer gradients' mean norm) is taken: "merge", within each merge; "round", also
-  # across a round's partial merges: each merge's step is scaled per tensor by the last whole round's ratio of its
-  # steps' summed norms to its summed step's norm (a merge of one learner alone has nothing for RDA to average).
-  config.outer.merge_radius = "merge"
   # K: merge as soon as this many learners have reported.
   config.outer.quorum = 1
   # Per-tensor merge: "rda" (radial-directional averaging) or "mean".

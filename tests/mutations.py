@@ -241,7 +241,7 @@ MUTATIONS = {
         "runtime/diloco/sync/outer_rules.py", "nesterov=cfg.nesterov and cfg.momentum > 0)", "nesterov=False)",
         "tests/unit/test_syncer.py::test_delayed_nesterov_with_a_whole_round_per_merge_is_nesterov"),
     "delayed_nesterov_steps_its_momentum_every_merge": (
-        "runtime/diloco/sync/outer_rules.py", "    ends = filled > 1 - ROUND_EPS\n    inside", "    ends = share > 0\n    inside",
+        "runtime/diloco/sync/outer_rules.py", "    ends = filled > 1 - ROUND_EPS\n", "    ends = share > 0\n",
         "tests/unit/test_syncer.py::test_delayed_nesterov_follows_the_hand_computation_over_partial_and_crossing_merges"),
     "delayed_nesterov_drops_what_crosses_the_round": (
         "runtime/diloco/sync/outer_rules.py", "buffer=pick(rest, buffer)",

@@ -34,7 +34,6 @@ OUTER_SCALES = ("fraction", "none")
 # The outer step's rule (runtime/diloco/sync/outer_rules.py): one momentum step per merge; one per round's worth of
 # merges with plain steps between (Liu et al. 2024); or the momentum decaying by momentum^(n/M) per merge of n of M
 OUTER_RULES = ("nesterov", "delayed_nesterov", "momentum_per_round")
-MERGE_RADII = ("merge", "round")  # where RDA's radius is taken: within each merge, or across a round's merges
 ROUND_LENGTHS = ("steps", "time")
 POSITIONS = ("rotary", "learned")
 DTYPES = ("float32", "bfloat16")
@@ -94,8 +93,6 @@ class OuterConfig:
   # A diagnostic: a merge of n reports goes through the rule as n merges of one (1/M of a round each), all
   # measured from the Θ it began with, so K=M shows what partial merges cost a rule without any staleness
   merge_one_by_one: bool = False
-  # "merge": RDA's radius within a merge only; "round": also across a round's partial merges (outer_rules.round_radius)
-  merge_radius: str = "merge"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -469,7 +466,6 @@ def _validate(run: RunConfig) -> None:
   check(o.lr > 0, "outer.lr", o.lr, "a float > 0")
   check(0 <= o.momentum < 1, "outer.momentum", o.momentum, "a float in [0, 1)")
   check(o.rule in OUTER_RULES, "outer.rule", o.rule, f"one of {OUTER_RULES}")
-  check(o.merge_radius in MERGE_RADII, "outer.merge_radius", o.merge_radius, f"one of {MERGE_RADII}")
   check(1 <= o.quorum <= run.learners, "outer.quorum", o.quorum, f"an integer in [1, learners={run.learners}]")
   check(o.merge in MERGE_METHODS, "outer.merge", o.merge, f"one of {MERGE_METHODS}")
   check(o.outer_grad_base in OUTER_GRAD_BASES, "outer.outer_grad_base", o.outer_grad_base,

@@ -147,35 +147,6 @@ def test_merged_one_by_one_delayed_nesterov_is_the_merged_step_and_nesterov_is_n
   np.testing.assert_allclose(_one_round_per_merge(_syncer(merge_one_by_one=True, **plain), rounds),
                              _one_round_per_merge(_syncer(**plain), rounds), rtol=1e-6)
 
-
-def _fixed_deltas_each_round(syncer, rounds, one_by_one):
-  """`rounds` rounds in which learner m always reports the outer gradient D[m] (directions apart, norms unequal)."""
-  d = np.array([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 3.0], [1.0, 1.0, 0.0]], np.float32)
-  for _ in range(rounds):
-    reports = lambda ms: [_report(m, jax.tree.map(lambda x: x - d[m], syncer.params), base=syncer.version)
-                          for m in ms]
-    for ms in ([[m] for m in range(4)] if one_by_one else [range(4)]):
-      result = syncer.compute(reports(ms))
-      syncer.commit(result, live=[(-1, result.version)])
-  return np.asarray(syncer.params["w"])
-
-
-def test_the_round_radius_gives_merges_of_one_learner_rdas_radius_from_the_second_round():
-  outer = dict(lr=1.0, momentum=0.0, scale="fraction", merge="rda")
-  start = {r: _fixed_deltas_each_round(_syncer(**outer), r, one_by_one=False) for r in (1, 3)}
-  radius = {r: _fixed_deltas_each_round(_syncer(merge_radius="round", **outer), r, one_by_one=True) for r in (1, 3)}
-  plain = _fixed_deltas_each_round(_syncer(**outer), 1, one_by_one=True)
-  np.testing.assert_allclose(radius[1], plain, rtol=1e-6)  # the first round: no factor learned yet (the mean)
-  assert not np.allclose(plain, start[1], rtol=1e-3)  # the mean's step is shorter than RDA's
-  # Rounds two and three: each merge of one scaled by round one's Σ|u| / |Σu|, so each round's step has RDA's length
-  # (the outer gradients' mean norm) in the direction of their mean (RDA's direction averages unit vectors instead).
-  norm = np.linalg.norm
-  np.testing.assert_allclose(norm(radius[3] - radius[1]), norm(start[3] - start[1]), rtol=1e-5)
-  mean_direction = plain / norm(plain)  # (round one, from Θ = 0)
-  np.testing.assert_allclose((radius[3] - radius[1]) / norm(radius[3] - radius[1]), mean_direction, rtol=1e-5)
-  km = dict(outer, merge_radius="round")  # K=M: a whole round's factor is its own |u| / |u| = 1
-  np.testing.assert_array_equal(_fixed_deltas_each_round(_syncer(**km), 3, one_by_one=False), start[3])
-
 def test_token_weights_favour_learners_with_more_tokens_per_step():
   syncer = _syncer(scale="none", token_weighting=True)
   result = syncer.compute([_report(0, {"w": jnp.full(3, 1.0)}, tokens=100, steps=10),

@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import optax
 
 from runtime.config.run import OuterConfig
-from runtime.diloco.sync import averaging
 from runtime.errors import ConfigError
 
 
@@ -112,52 +111,6 @@ def delayed_nesterov(decay: float, nesterov: bool = True) -> optax.GradientTrans
   return optax.GradientTransformationExtraArgs(init, update)
 
 
-class RoundRadiusState(NamedTuple):
-  """What the round radius keeps per tensor: the round's summed step and summed step norms, and the last round's
-  ratio of the two."""
-
-  summed: optax.Updates  # Σ u over this round's merges so far
-  norms: optax.Updates  # Σ |u| (one scalar per tensor)
-  ratio: optax.Updates  # the last whole round's Σ|u| / |Σ u| (one scalar per tensor; 1 before the first)
-  filled: jax.Array  # the shares of a round merged so far, in [0, 1)
-
-
-def round_radius(radial: Callable[[str], bool]) -> optax.GradientTransformationExtraArgs:
-  """RDA's radius across a round's partial merges (outer.merge_radius="round"), per tensor: a merge's share-scaled
-  step u is multiplied by the last whole round's Σ|u| / |Σu|, the factor by which RDA's radius (the merged outer
-  gradients' mean norm) exceeds the norm of their plain sum (its direction stays the plain sum's, where RDA's
-  averages unit vectors). A merge of a whole round has the factor |u| / |u| = 1, so K=M runs are unchanged; a merge
-  crossing a round's end counts wholly in the round it ends. Tensors `radial` rejects (the embeddings, which RDA
-  merges by the mean: outer.embed_mean) keep a factor of 1. Per tensor, so a sharded syncer (whole tensors on each
-  shard) takes the same step."""
-
-  def init(params):
-    scalar = lambda value: jax.tree.map(lambda _: jnp.full((), value, jnp.float32), params)
-    return RoundRadiusState(jax.tree.map(jnp.zeros_like, params), scalar(0.0), scalar(1.0),
-                            jnp.zeros((), jnp.float32))
-
-  def update(updates, state, params=None, *, share, **extra):
-    del params, extra
-    filled = state.filled + share
-    ends = filled > 1 - ROUND_EPS
-    out = jax.tree.map(lambda u, r: (u * r).astype(u.dtype), updates, state.ratio)
-    summed = jax.tree.map(lambda s, u: s + u.astype(s.dtype), state.summed, updates)
-    norms = jax.tree.map(lambda n, u: n + jnp.sqrt(averaging.sum_of_squares(u)), state.norms, updates)
-
-    def ratio(path, s, n, r):
-      if not radial(jax.tree_util.keystr(path, simple=True, separator="/")):
-        return r
-      whole = jnp.sqrt(averaging.sum_of_squares(s))
-      fresh = jnp.where(whole > averaging.DEFAULT_EPS, n / jnp.where(whole > 0, whole, 1.0), 1.0)
-      return jnp.where(ends, fresh, r)
-
-    new_ratio = jax.tree_util.tree_map_with_path(ratio, summed, norms, state.ratio)
-    reset = lambda tree: jax.tree.map(lambda x: jnp.where(ends, jnp.zeros_like(x), x), tree)
-    return out, RoundRadiusState(reset(summed), reset(norms), new_ratio, jnp.where(ends, filled - 1, filled).clip(0))
-
-  return optax.GradientTransformationExtraArgs(init, update)
-
-
 RULES: dict[str, Rule] = {  # (the names of OUTER_RULES, runtime/config/run.py)
     "nesterov": Rule(_nesterov, elementwise=True),
     "delayed_nesterov": Rule(_delayed_nesterov, elementwise=True),
@@ -183,6 +136,4 @@ def outer_transformation(cfg: OuterConfig, shards: int = 1) -> optax.GradientTra
     raise ConfigError("outer.rule", cfg.rule, f"one of {fit} with syncer.shards={shards} (its step is not elementwise, "
                       "so each shard's part of it would differ), or syncer.shards=1")
   scale = scale_by_share() if cfg.scale == "fraction" else optax.identity()
-  radial = (lambda path: not averaging.is_embedding(path)) if cfg.embed_mean else (lambda path: True)
-  radius = [round_radius(radial)] if cfg.merge_radius == "round" else []
-  return optax.chain(scale, *radius, rule.build(cfg))
+  return optax.chain(scale, rule.build(cfg))
