@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from runtime.config.run import from_config_dict
+from runtime.config.run import RunConfig, from_config_dict, with_fields
 from runtime.errors import UsageError
 from runtime.experiments import heterogeneity
 from runtime.experiments.modes import prepare, train_one
@@ -66,20 +66,21 @@ class Grid:
           raise UsageError(f"--{flag}: {value!r} is not allowed: allowed a comma-separated list of {list(allowed)}")
 
 
-def cell_config(config: ml_collections.ConfigDict, cell: dict) -> ml_collections.ConfigDict:
-  """The setting's config under one cell's size, policy, round length, rule, base and seed."""
+def sized(config: ml_collections.ConfigDict, size: str) -> ml_collections.ConfigDict:
+  """The setting's config at one model size (before it is resolved: the token budget follows the size)."""
   config = ml_collections.ConfigDict(config.to_dict())
-  fields = {**SIZES[cell["size"]], **heterogeneity.VARIANTS[cell["variant"]], "rounds.length": cell["length"],
-            "outer.rule": cell["rule"], "outer.outer_grad_base": cell["base"], "seed": cell["seed"]}
-  for dotted, value in fields.items():
-    if dotted == "outer.quorum" and value == -1:
-      value = config.learners
-    *path, last = dotted.split(".")
-    section = config
-    for part in path:
-      section = section[part]
-    section[last] = value
+  for dotted, value in SIZES[size].items():
+    section, _, field = dotted.rpartition(".")
+    (config[section] if section else config)[field] = value
   return config
+
+
+def cell_run(config: ml_collections.ConfigDict, cell: dict) -> RunConfig:
+  """The run of one cell: the setting at its size, under its policy (heterogeneity.variant_config) and seed, with
+  its round length, rule and outer-gradient base."""
+  policy = heterogeneity.variant_config(from_config_dict(sized(config, cell["size"])), cell["variant"], cell["seed"])
+  return with_fields(policy, {"rounds.length": cell["length"], "outer.rule": cell["rule"],
+                              "outer.outer_grad_base": cell["base"]})
 
 
 def setting_name(config_file: str) -> str:
@@ -150,9 +151,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None, ro
   todo = [] if table_only else [c for c in cells if key_of(c) not in done]
   logging.info("asynchrony study: %d cells, %d with rows already in %s", len(cells), len(cells) - len(todo), rows_path)
   if todo:
-    prepare(cell_config(config, todo[0]))  # simulated devices, once, before JAX starts
+    prepare(sized(config, todo[0]["size"]))  # simulated devices, once, before JAX starts
   for i, cell in enumerate(todo):
-    run_cfg = from_config_dict(cell_config(config, cell))
+    run_cfg = cell_run(config, cell)
     name = " ".join(f"{k}={cell[k]}" for k in KEY[2:])
     logging.info("asynchrony study: cell %d of %d: %s", i + 1, len(todo), name)
     append_row(rows_path, row_of(cell, train_one(run_cfg, Experiment(run_cfg), None, name)))
