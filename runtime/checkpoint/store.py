@@ -227,7 +227,7 @@ class Checkpoints:
     Skipped checkpoints are moved aside to `<directory>.skipped/` (kept, not deleted), so that the resumed run
     saves those steps afresh.
     """
-    skipped, found, why, reasons = [], None, [], []
+    skipped, found, reasons = [], None, []
     for step in self.steps():
       problem = self.problem(step)
       if problem is None:
@@ -242,12 +242,12 @@ class Checkpoints:
       logging.warning("checkpoint %s is skipped: %s; trying the one before", self.directory / str(step), problem)
       skipped.append(step)
       reasons.append(problem)
-      why.append(f"{step} ({problem})")
     if found is None and skipped and set(reasons) == {UNVERIFIED}:  # never verified: it starts afresh (module doc)
       logging.warning("no checkpoint under %s was ever verified (%s): the run starts from the beginning; they are "
                       "kept aside under %s.skipped", self.directory, ", ".join(map(str, skipped)), self.directory.name)
     elif skipped and found is None:
-      raise DataError(f"no sound checkpoint under {self.directory}: " + "; ".join(why) + "; nothing was restored "
+      raise DataError(f"no sound checkpoint under {self.directory}: " +
+                      "; ".join(f"{step} ({why})" for step, why in zip(skipped, reasons)) + "; nothing was restored "
                       "or changed; to start this run afresh deliberately, run with --config.resume=False")
     if skipped:
       aside = self.directory.with_name(self.directory.name + ".skipped")
