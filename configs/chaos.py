@@ -19,7 +19,7 @@ from configs import default
 
 
 def get_config():
-  config = default.paper_outer_step(default.get_config())
+  config = default.fixed_rounds(default.paper_outer_step(default.get_config()))
   # Shorter rounds lose less work per crash (the paper's H is 24).
   config.inner_steps = 15
   # Each chip fails once per 51,200 modeled seconds; a 256-chip slice once per 200 s.

@@ -11,7 +11,7 @@ from configs import default
 
 
 def get_config():
-  config = default.paper_outer_step(default.get_config())
+  config = default.fixed_rounds(default.paper_outer_step(default.get_config()))
   config.model.size = "100m"
   config.learners = 2
   config.num_devices = 2

@@ -13,7 +13,7 @@ from configs import default
 
 
 def get_config():
-  config = default.paper_outer_step(default.get_config())
+  config = default.fixed_rounds(default.paper_outer_step(default.get_config()))
   # Quorum K = M with no grace window (set by the mode).
   config.mode = "diloco_sync"
   return config

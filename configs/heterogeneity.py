@@ -16,7 +16,7 @@ from configs import default
 
 
 def get_config():
-  config = default.paper_outer_step(default.get_config())
+  config = default.fixed_rounds(default.paper_outer_step(default.get_config()))
   config.learners = 8
   config.num_devices = 8
   config.model.size = "tiny"

@@ -17,7 +17,7 @@ from configs import default
 
 
 def get_config(data_path: str = "workdirs/data/pretrain"):
-  config = default.get_config()
+  config = default.fixed_rounds(default.get_config())
   config.data.path = data_path  # a directory written by launch.prepare_data; its manifest sets model.vocab_size
   config.model.size = "100m"
   config.model.max_len = 512

@@ -14,7 +14,7 @@ from configs import default
 
 
 def get_config():
-  config = default.get_config()
+  config = default.fixed_rounds(default.get_config())
   config.total_steps = 2400
   config.eval_every = 480
   config.inner_steps = 3

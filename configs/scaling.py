@@ -24,7 +24,7 @@ VARIANTS = ("heterogeneity", "chaos")
 def get_config(variant: str = ""):
   if variant and variant not in VARIANTS:
     raise ValueError(f"variant {variant!r}: allowed '' (the study) or one of {VARIANTS}")
-  config = default.get_config()
+  config = default.fixed_rounds(default.get_config())
   # At equal speeds every K=1 merge holds all M learners: the synchronous DiLoCo run, on the product's code path.
   config.mode = "decoupled"
   # The budget: 20 tokens per parameter (compute-optimal), at a global batch of 8 sequences of 128 bytes.

@@ -15,7 +15,7 @@ from configs import default
 
 
 def get_config():
-  config = default.paper_outer_step(default.get_config())
+  config = default.fixed_rounds(default.paper_outer_step(default.get_config()))
   config.learners = 4
   config.num_devices = 4  # one device per slice; each growth adds one device per lent slice
   config.data.assignment = "service"  # learners that join and leave take their data from the service

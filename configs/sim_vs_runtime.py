@@ -15,7 +15,7 @@ from configs import default
 
 
 def get_config():
-  config = default.paper_outer_step(default.get_config())
+  config = default.fixed_rounds(default.paper_outer_step(default.get_config()))
   config.model.size = "tiny"
   config.model.d_model = 32
   config.model.mlp_dim = 64

@@ -11,7 +11,7 @@ from configs import default
 
 
 def get_config():
-  config = default.paper_outer_step(default.get_config())
+  config = default.fixed_rounds(default.paper_outer_step(default.get_config()))
   # A tiny model and budget so the whole run is dominated by compilation.
   config.model.size = "tiny"
   config.data.max_bytes = 2_000_000

@@ -14,7 +14,7 @@ from configs import default
 
 
 def get_config():
-  config = default.paper_outer_step(default.get_config())
+  config = default.fixed_rounds(default.paper_outer_step(default.get_config()))
   config.model.size = "tiny"
   config.model.max_len = 32
   config.data.seq_len = 32

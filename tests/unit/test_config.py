@@ -169,7 +169,7 @@ def test_a_misspelled_field_gets_a_suggestion():
 
 
 def test_more_fragments_than_the_model_has_tensors_is_refused_naming_both_numbers():
-  config = default.get_config()
+  config = default.fixed_rounds(default.get_config())  # fragments sync on rounds of H steps
   config.inner_steps = 30
   config.fragments = 30
   with pytest.raises(ConfigError, match=r"'fragments' = 30 .*at most the model's 27 parameter tensors"):
