@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from models.config import ROPE_BASE
+
 
 def rotary(x_BxLxHxK: jax.Array, positions_L: jax.Array | None = None) -> jax.Array:
   """Rotates channel pairs (first half, second half) by position-dependent angles (RoPE, base 10,000)."""
@@ -18,7 +20,7 @@ def rotary(x_BxLxHxK: jax.Array, positions_L: jax.Array | None = None) -> jax.Ar
   half = head_dim // 2
   if positions_L is None:
     positions_L = jnp.arange(length, dtype=jnp.float32)
-  freqs_F = 1.0 / (10_000 ** (jnp.arange(half, dtype=jnp.float32) / half))
+  freqs_F = 1.0 / (ROPE_BASE ** (jnp.arange(half, dtype=jnp.float32) / half))
   angles_LxF = positions_L.astype(jnp.float32)[:, None] * freqs_F[None, :]
   sin, cos = jnp.sin(angles_LxF)[None, :, None, :], jnp.cos(angles_LxF)[None, :, None, :]
   x1, x2 = x_BxLxHxK[..., :half], x_BxLxHxK[..., half:]

@@ -6,6 +6,8 @@ import importlib
 VOCAB_SIZE = 256  # byte-level; a prepared dataset sets its own (runtime/config/run.py)
 KINDS = ("gpt", "llama")  # the built-in models; any other kind is a user's model, 'package.module:spec'
 RMS_EPSILON = 1e-6  # llama's RMSNorm epsilon (transformers' rms_norm_eps on export)
+LAYER_NORM_EPSILON = 1e-6  # gpt's LayerNorm epsilon (flax's default; transformers' layer_norm_eps on export)
+ROPE_BASE = 10_000  # rotary positions' base wavelength, both built-in models (transformers' rope_theta)
 
 # Named model sizes (`model.size`) of each built-in kind; fields set explicitly under `model` override the preset.
 # A user's model takes the GPT presets' fields (it reads what it needs of ModelConfig).

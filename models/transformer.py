@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from models import attention
-from models.config import ModelConfig
+from models.config import LAYER_NORM_EPSILON, ModelConfig
 from models.sharding import constrain
 
 named = nn.with_logical_partitioning
@@ -14,7 +14,7 @@ RESIDUAL = ("batch", "length", "embed")
 
 
 def layer_norm(cfg: ModelConfig, name: str, axis: str = "embed") -> nn.LayerNorm:
-  return nn.LayerNorm(dtype=cfg.dtype, scale_init=named(nn.initializers.ones, (axis,)),
+  return nn.LayerNorm(epsilon=LAYER_NORM_EPSILON, dtype=cfg.dtype, scale_init=named(nn.initializers.ones, (axis,)),
                       bias_init=named(nn.initializers.zeros, (axis,)), name=name)
 
 

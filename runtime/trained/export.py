@@ -1,11 +1,16 @@
-"""A trained Llama model in Hugging Face's format: `model.safetensors` (sharded, with an index, above
-`shard_bytes`), `config.json` for transformers' LlamaForCausalLM, and the tokenizer's files, so that
-`transformers.AutoModelForCausalLM.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)` load it.
+"""A trained built-in model in Hugging Face's format: `model.safetensors` (sharded, with an index, above
+`shard_bytes`), `config.json` for the transformers architecture that computes exactly its function, and the
+tokenizer's files, so that `transformers.AutoModelForCausalLM.from_pretrained(DIR)` and
+`AutoTokenizer.from_pretrained(DIR)` load it.
+
+The architectures: a 'llama' model is LlamaForCausalLM, or with QK-norm (RMSNorm per head, before the rotation)
+Qwen3ForCausalLM; a 'gpt' model (pre-norm LayerNorm with biases, tanh-GELU MLP with biases, attention without biases,
+tied embedding) is GPTNeoXForCausalLM with rotary positions (sequential residual, the whole head rotated) and
+GPT2LMHeadModel with learned ones, both with zero attention biases. A 'gpt' model with QK-norm and a user's model are
+refused in one line.
 
 The safetensors files are written here (a little-endian u64 header length, a JSON header naming each tensor's dtype,
-shape and byte range, then the bytes), so exporting needs neither torch nor transformers. A GPT model
-(`model.kind = 'gpt'`: LayerNorm with biases, GELU MLP), a Llama model with QK-norm and a user's model have no
-LlamaForCausalLM layout and are refused in one line.
+shape and byte range, then the bytes), so exporting needs neither torch nor transformers.
 """
 
 import json
@@ -16,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from models.config import RMS_EPSILON, ModelConfig
+from models.config import LAYER_NORM_EPSILON, RMS_EPSILON, ROPE_BASE, ModelConfig
 from runtime.data import tokenizers
 from runtime.errors import DataError
 from runtime.trained import saved
@@ -27,8 +32,17 @@ _DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int32": "I32
 _NUMPY = {v: k for k, v in _DTYPES.items() if k != "bfloat16"}
 
 
-def hf_tensors(cfg: ModelConfig, params: Any) -> dict[str, np.ndarray]:
-  """The parameters under LlamaForCausalLM's names and layouts (linear weights as [out, in])."""
+# The architectures a built-in model is exported as: its tensors under that architecture's names and layouts, and its
+# config.json. Linear weights are [out, in] (torch's nn.Linear) except GPT-2's Conv1D, which is [in, out].
+
+
+def _heads(kernel: Any, d: int) -> np.ndarray:
+  """A [d, heads, head_dim] projection as [d, heads·head_dim] (head-major, as transformers views it)."""
+  return np.reshape(np.asarray(kernel), (d, -1))
+
+
+def _llama_tensors(cfg: ModelConfig, params: Any) -> dict[str, Any]:
+  """LlamaForCausalLM's tensors (and Qwen3ForCausalLM's, which adds each layer's per-head query and key RMSNorm)."""
   d = cfg.d_model
   out = {"model.embed_tokens.weight": params["embed"]["embedding"], "model.norm.weight": params["final_norm"]["scale"]}
   if not cfg.tied_embeddings:
@@ -38,39 +52,131 @@ def hf_tensors(cfg: ModelConfig, params: Any) -> dict[str, np.ndarray]:
     attn = block["attn"]
     out.update({
         f"{name}.input_layernorm.weight": block["attn_norm"]["scale"],
-        f"{name}.self_attn.q_proj.weight": np.reshape(attn["query"]["kernel"], (d, -1)).T,  # [d, H, K]: head-major
-        f"{name}.self_attn.k_proj.weight": np.reshape(attn["key"]["kernel"], (d, -1)).T,
-        f"{name}.self_attn.v_proj.weight": np.reshape(attn["value"]["kernel"], (d, -1)).T,
+        f"{name}.self_attn.q_proj.weight": _heads(attn["query"]["kernel"], d).T,
+        f"{name}.self_attn.k_proj.weight": _heads(attn["key"]["kernel"], d).T,
+        f"{name}.self_attn.v_proj.weight": _heads(attn["value"]["kernel"], d).T,
         f"{name}.self_attn.o_proj.weight": np.reshape(attn["out"]["kernel"], (-1, d)).T,
         f"{name}.post_attention_layernorm.weight": block["mlp_norm"]["scale"],
         f"{name}.mlp.gate_proj.weight": block["gate"]["kernel"].T,
         f"{name}.mlp.up_proj.weight": block["up"]["kernel"].T,
         f"{name}.mlp.down_proj.weight": block["down"]["kernel"].T,
     })
+    if cfg.qk_norm:
+      out[f"{name}.self_attn.q_norm.weight"] = attn["query_norm"]["scale"]
+      out[f"{name}.self_attn.k_norm.weight"] = attn["key_norm"]["scale"]
+  return out
+
+
+def _neox_tensors(cfg: ModelConfig, params: Any) -> dict[str, Any]:
+  """GPTNeoXForCausalLM's tensors: per layer one fused query-key-value projection, laid out head by head
+  ([heads, 3, head_dim] on its output axis); the attention's biases, which our GPT has not, are zeros; the output
+  projection tied to the embedding."""
+  d = cfg.d_model
+  zeros = lambda n: np.zeros((n,), np.float32)
+  out = {"gpt_neox.embed_in.weight": params["embed"]["embedding"],
+         "gpt_neox.final_layer_norm.weight": params["ln_final"]["scale"],
+         "gpt_neox.final_layer_norm.bias": params["ln_final"]["bias"]}
+  for i in range(cfg.num_layers):
+    block, name = params[f"block_{i}"], f"gpt_neox.layers.{i}"
+    attn = block["attn"]
+    qkv = np.stack([np.asarray(attn[n]["kernel"]) for n in ("query", "key", "value")], axis=2)  # [d, H, 3, K]
+    out.update({
+        f"{name}.input_layernorm.weight": block["ln1"]["scale"], f"{name}.input_layernorm.bias": block["ln1"]["bias"],
+        f"{name}.post_attention_layernorm.weight": block["ln2"]["scale"],
+        f"{name}.post_attention_layernorm.bias": block["ln2"]["bias"],
+        f"{name}.attention.query_key_value.weight": np.reshape(qkv, (d, -1)).T,
+        f"{name}.attention.query_key_value.bias": zeros(3 * d),
+        f"{name}.attention.dense.weight": np.reshape(attn["out"]["kernel"], (-1, d)).T,
+        f"{name}.attention.dense.bias": zeros(d),
+        f"{name}.mlp.dense_h_to_4h.weight": block["mlp_in"]["kernel"].T,
+        f"{name}.mlp.dense_h_to_4h.bias": block["mlp_in"]["bias"],
+        f"{name}.mlp.dense_4h_to_h.weight": block["mlp_out"]["kernel"].T,
+        f"{name}.mlp.dense_4h_to_h.bias": block["mlp_out"]["bias"],
+    })
+  return out
+
+
+def _gpt2_tensors(cfg: ModelConfig, params: Any) -> dict[str, Any]:
+  """GPT2LMHeadModel's tensors: Conv1D weights [in, out], one fused query|key|value projection (each d wide,
+  head-major); the attention's biases, which our GPT has not, are zeros; the output projection tied to wte."""
+  d = cfg.d_model
+  zeros = lambda n: np.zeros((n,), np.float32)
+  out = {"transformer.wte.weight": params["embed"]["embedding"], "transformer.wpe.weight": params["pos_embed"],
+         "transformer.ln_f.weight": params["ln_final"]["scale"], "transformer.ln_f.bias": params["ln_final"]["bias"]}
+  for i in range(cfg.num_layers):
+    block, name = params[f"block_{i}"], f"transformer.h.{i}"
+    attn = block["attn"]
+    out.update({
+        f"{name}.ln_1.weight": block["ln1"]["scale"], f"{name}.ln_1.bias": block["ln1"]["bias"],
+        f"{name}.attn.c_attn.weight": np.concatenate([_heads(attn[n]["kernel"], d) for n in ("query", "key", "value")],
+                                                      axis=1),
+        f"{name}.attn.c_attn.bias": zeros(3 * d),
+        f"{name}.attn.c_proj.weight": np.reshape(attn["out"]["kernel"], (-1, d)),
+        f"{name}.attn.c_proj.bias": zeros(d),
+        f"{name}.ln_2.weight": block["ln2"]["scale"], f"{name}.ln_2.bias": block["ln2"]["bias"],
+        f"{name}.mlp.c_fc.weight": block["mlp_in"]["kernel"], f"{name}.mlp.c_fc.bias": block["mlp_in"]["bias"],
+        f"{name}.mlp.c_proj.weight": block["mlp_out"]["kernel"], f"{name}.mlp.c_proj.bias": block["mlp_out"]["bias"],
+    })
+  return out
+
+
+_TENSORS = {"LlamaForCausalLM": _llama_tensors, "Qwen3ForCausalLM": _llama_tensors,
+            "GPTNeoXForCausalLM": _neox_tensors, "GPT2LMHeadModel": _gpt2_tensors}
+
+
+def architecture(cfg: ModelConfig) -> str:
+  """The transformers architecture that computes the built-in model's function exactly (see refusal first)."""
+  if cfg.kind == "llama":
+    return "Qwen3ForCausalLM" if cfg.qk_norm else "LlamaForCausalLM"
+  return "GPTNeoXForCausalLM" if cfg.positions == "rotary" else "GPT2LMHeadModel"
+
+
+def hf_tensors(cfg: ModelConfig, params: Any) -> dict[str, np.ndarray]:
+  """The parameters under the architecture's names and layouts, as contiguous NumPy arrays."""
+  out = _TENSORS[architecture(cfg)](cfg, params)
   return {k: np.ascontiguousarray(np.asarray(v)) for k, v in out.items()}
 
 
 def hf_config(cfg: ModelConfig, tokenizer: tokenizers.Tokenizer) -> dict:
-  """transformers' LlamaConfig for the model."""
-  return {
-      "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
-      "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_dim, "num_hidden_layers": cfg.num_layers,
-      "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.kv_heads(),
-      "head_dim": cfg.d_model // cfg.num_heads, "hidden_act": "silu", "max_position_embeddings": cfg.max_len,
-      "rms_norm_eps": RMS_EPSILON, "rope_theta": 10_000.0, "rope_scaling": None,
-      "tie_word_embeddings": cfg.tied_embeddings, "attention_bias": False, "mlp_bias": False,
-      "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True, "torch_dtype": "float32",
-      "bos_token_id": tokenizer.eod_id, "eos_token_id": tokenizer.eod_id,
-  }
+  """transformers' config.json for the model's architecture."""
+  arch = architecture(cfg)
+  rope = {"rope_type": "default", "rope_theta": float(ROPE_BASE), "partial_rotary_factor": 1.0}
+  common = {"architectures": [arch], "vocab_size": cfg.vocab_size, "initializer_range": 0.02, "use_cache": True,
+            "torch_dtype": "float32", "bos_token_id": tokenizer.eod_id, "eos_token_id": tokenizer.eod_id}
+  if arch == "GPT2LMHeadModel":
+    return {**common, "model_type": "gpt2", "n_embd": cfg.d_model, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
+            "n_inner": cfg.mlp_dim, "n_positions": cfg.max_len, "n_ctx": cfg.max_len, "activation_function": "gelu_new",
+            "layer_norm_epsilon": LAYER_NORM_EPSILON, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+            "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+            "tie_word_embeddings": True}
+  if arch == "GPTNeoXForCausalLM":
+    return {**common, "model_type": "gpt_neox", "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.mlp_dim, "hidden_act": "gelu_new",
+            "max_position_embeddings": cfg.max_len, "layer_norm_eps": LAYER_NORM_EPSILON,
+            "use_parallel_residual": False, "attention_bias": True, "tie_word_embeddings": True,
+            "rope_parameters": rope, "rotary_pct": 1.0, "rotary_emb_base": float(ROPE_BASE),  # (the names before 5.0)
+            "hidden_dropout": 0.0, "attention_dropout": 0.0}
+  llama = {**common, "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_dim,
+           "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+           "num_key_value_heads": cfg.kv_heads(), "head_dim": cfg.d_model // cfg.num_heads, "hidden_act": "silu",
+           "max_position_embeddings": cfg.max_len, "rms_norm_eps": RMS_EPSILON, "rope_theta": float(ROPE_BASE),
+           "rope_scaling": None, "tie_word_embeddings": cfg.tied_embeddings, "attention_bias": False,
+           "attention_dropout": 0.0}
+  if arch == "Qwen3ForCausalLM":
+    return {**llama, "model_type": "qwen3", "rope_parameters": rope, "use_sliding_window": False,
+            "sliding_window": None, "max_window_layers": cfg.num_layers}
+  return {**llama, "model_type": "llama", "mlp_bias": False}
 
 
 def refusal(cfg: ModelConfig) -> str | None:
-  """Why the model has no LlamaForCausalLM layout (None: it has one)."""
-  if cfg.kind != "llama":
-    return (f"model.kind is {cfg.kind!r}: export writes transformers' LlamaForCausalLM, which only the 'llama' model "
-            "maps onto (train with --config.model.kind=llama)")
-  if cfg.qk_norm:
-    return "the model has QK-norm, which LlamaForCausalLM does not (train with model.qk_norm=False to export)"
+  """Why the model has no transformers architecture that computes exactly its function (None: it has one)."""
+  if not cfg.builtin():
+    return (f"model.kind {cfg.kind!r} is a user's model: export knows the layouts of the built-in models only "
+            "('gpt' and 'llama')")
+  if cfg.kind == "gpt" and cfg.qk_norm:
+    return ("a 'gpt' model with QK-norm (a LayerNorm with bias on each head's queries and keys) matches no "
+            "transformers architecture exactly (train with model.qk_norm=False, or model.kind=llama, which exports "
+            "with QK-norm as Qwen3)")
   if cfg.dtype not in ("float32", "bfloat16"):
     return f"model.dtype {cfg.dtype!r} is not exported"
   return None

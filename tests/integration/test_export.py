@@ -1,5 +1,6 @@
-"""A Llama model exported to Hugging Face's format: names, shapes, dtypes and values read back, the config and the
-byte tokenizer; and (with the `transformers` extra installed) transformers' logits equal the JAX model's."""
+"""The built-in models exported to Hugging Face's format (Llama, Qwen3, GPT-NeoX, GPT-2): names, shapes, dtypes and
+values read back, the config and the byte tokenizer; and (with the `transformers` extra installed) transformers'
+logits equal the JAX model's and its greedy text equals launch.sample's at temperature 0."""
 
 import json
 
@@ -8,16 +9,17 @@ import numpy as np
 import pytest
 
 from models import lm
+from models.config import ModelConfig
 from runtime.errors import DataError
 from runtime.experiments import modes
-from runtime.trained import export, saved
+from runtime.trained import export, sampling, saved
 from tests import launcher
 
 TEXT = ["def main():\n    return 42\n" * 2, "import os\nimport sys\nclass Café:\n  pass\n" * 2]
 
 
 def _saved(tiny_config, tmp_path, **model):
-  tiny_config.model.kind = "llama"
+  tiny_config.model.kind = model.pop("kind", "llama")
   for key, value in model.items():
     setattr(tiny_config.model, key, value)
   run = modes.prepare(tiny_config)
@@ -75,15 +77,59 @@ def test_the_byte_tokenizer_exports_as_one_token_per_byte():
     assert tokenizer.decode(ids) == text
 
 
-@pytest.mark.parametrize("model, says", [
-    (dict(kind="gpt"), "model.kind is 'gpt': export writes transformers' LlamaForCausalLM"),
-    (dict(qk_norm=True), "QK-norm"),
-])
-def test_a_model_without_a_llama_layout_is_refused_in_one_line(tiny_config, tmp_path, model, says):
-  model_dir, _ = _saved(tiny_config, tmp_path, **model)
-  with pytest.raises(DataError, match=says):
+def test_a_gpt_model_is_gpt_neox_with_rotary_positions_and_gpt2_with_learned_ones(tiny_config, tmp_path):
+  for positions, arch in (("rotary", "GPTNeoXForCausalLM"), ("learned", "GPT2LMHeadModel")):
+    model_dir, run = _saved(tiny_config, tmp_path / positions, kind="gpt", positions=positions)
+    export.export(model_dir, tmp_path / positions / "hf")
+    tensors = export.read_safetensors(tmp_path / positions / "hf")
+    config = json.loads((tmp_path / positions / "hf" / "config.json").read_text())
+    assert config["architectures"] == [arch] and config["tie_word_embeddings"] is True
+    cfg, params = run.model, saved.load_model(model_dir).params
+    d, k = cfg.d_model, cfg.d_model // cfg.num_heads
+    attn = params["block_1"]["attn"]
+    # Our GPT has no attention biases: the architectures' are written as zeros, and only they are added.
+    biases = [t for n, t in tensors.items() if n.endswith(("query_key_value.bias", "attention.dense.bias",
+                                                             "c_attn.bias", "attn.c_proj.bias"))]
+    assert len(biases) == 2 * cfg.num_layers and not any(b.any() for b in biases)
+    assert sum(t.size for t in tensors.values()) == cfg.num_params() + sum(b.size for b in biases)
+    if arch == "GPTNeoXForCausalLM":  # one fused projection, head by head: [heads, (q, k, v), head_dim] rows
+      qkv = tensors["gpt_neox.layers.1.attention.query_key_value.weight"]
+      assert qkv.shape == (3 * d, d)
+      np.testing.assert_array_equal(qkv[2 * 3 * k + 3], attn["query"]["kernel"][:, 2, 3])
+      np.testing.assert_array_equal(qkv[2 * 3 * k + k + 3], attn["key"]["kernel"][:, 2, 3])
+      np.testing.assert_array_equal(qkv[2 * 3 * k + 2 * k + 3], attn["value"]["kernel"][:, 2, 3])
+      assert config["use_parallel_residual"] is False and config["rope_parameters"]["partial_rotary_factor"] == 1.0
+    else:  # Conv1D [in, out]: query | key | value columns, each head-major
+      c_attn = tensors["transformer.h.1.attn.c_attn.weight"]
+      assert c_attn.shape == (d, 3 * d)
+      np.testing.assert_array_equal(c_attn[:, d + 2 * k + 3], attn["key"]["kernel"][:, 2, 3])
+      np.testing.assert_array_equal(tensors["transformer.wpe.weight"], params["pos_embed"])
+      np.testing.assert_array_equal(tensors["transformer.h.0.mlp.c_fc.weight"], params["block_0"]["mlp_in"]["kernel"])
+
+
+def test_a_llama_model_with_qk_norm_is_qwen3_with_each_layers_query_and_key_norms(tiny_config, tmp_path):
+  model_dir, run = _saved(tiny_config, tmp_path, qk_norm=True)
+  export.export(model_dir, tmp_path / "hf")
+  tensors = export.read_safetensors(tmp_path / "hf")
+  config = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert config["architectures"] == ["Qwen3ForCausalLM"] and config["model_type"] == "qwen3"
+  head = run.model.d_model // run.model.num_heads
+  norms = {n: t.shape for n, t in tensors.items() if n.endswith(("q_norm.weight", "k_norm.weight"))}
+  assert norms == {f"model.layers.{i}.self_attn.{q}_norm.weight": (head,) for i in range(run.model.num_layers)
+                   for q in "qk"}
+  assert sum(t.size for t in tensors.values()) == run.model.num_params()
+
+
+def test_a_gpt_model_with_qk_norm_has_no_exact_architecture_and_is_refused_in_one_line(tiny_config, tmp_path):
+  model_dir, _ = _saved(tiny_config, tmp_path, kind="gpt", qk_norm=True)
+  with pytest.raises(DataError, match="'gpt' model with QK-norm .* matches no transformers architecture exactly"):
     export.export(model_dir, tmp_path / "hf")
   assert not (tmp_path / "hf").exists()
+
+
+def test_a_users_model_is_refused_naming_the_built_in_models():
+  why = export.refusal(ModelConfig(kind="my_models.pair:spec"))
+  assert "'my_models.pair:spec' is a user's model" in why and "'gpt' and 'llama'" in why
 
 
 def test_the_command_writes_the_files_and_refuses_a_directory_in_use(tiny_config, tmp_path):
@@ -96,10 +142,15 @@ def test_the_command_writes_the_files_and_refuses_a_directory_in_use(tiny_config
 
 
 @pytest.mark.slow  # needs torch and transformers: pip install -e '.[transformers]'
-def test_transformers_loads_the_export_and_its_logits_equal_the_jax_models(tiny_config, tmp_path):
+@pytest.mark.parametrize("model", [dict(kind="llama", num_kv_heads=2, tied_embeddings=False),
+                                   dict(kind="llama", qk_norm=True), dict(kind="gpt"),
+                                   dict(kind="gpt", positions="learned")], ids=["llama", "qwen3", "gpt_neox", "gpt2"])
+def test_transformers_loads_the_export_and_its_logits_and_greedy_text_equal_the_jax_models(tiny_config, tmp_path,
+                                                                                          model):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  tiny_config.model.kind, tiny_config.model.num_kv_heads, tiny_config.model.tied_embeddings = "llama", 2, False
+  for key, value in model.items():
+    setattr(tiny_config.model, key, value)
   run = modes.prepare(tiny_config)
   modes.train(tiny_config, tmp_path)  # trained weights: logits far from uniform
   model_dir = tmp_path / "decoupled" / saved.MODEL_DIR
@@ -110,7 +161,16 @@ def test_transformers_loads_the_export_and_its_logits_equal_the_jax_models(tiny_
   assert ids.tolist() == [list(t.encode("utf-8"))[:run.model.max_len] for t in TEXT]
   with torch.no_grad():
     theirs = hf(torch.tensor(ids, dtype=torch.long)).logits.numpy()
-  ours = np.asarray(lm.logits(saved.load_model(model_dir).params, run.model, ids))
+  loaded = saved.load_model(model_dir)
+  ours = np.asarray(lm.logits(loaded.params, run.model, ids))
   difference = float(np.abs(theirs - ours).max())
-  print(f"transformers vs JAX logits: max |difference| {difference:.2e} (largest logit {np.abs(ours).max():.2f})")
+  print(f"{type(hf).__name__}: transformers vs JAX logits: max |difference| {difference:.2e} "
+        f"(largest logit {np.abs(ours).max():.2f})")
   assert difference < 1e-4
+  prompt, new = "def ", 16
+  greedy = sampling.generate(run.model, loaded.params, loaded.tokenizer, prompt, tokens=new, temperature=0.0,
+                             stop_at_end=False)
+  with torch.no_grad():
+    out = hf.generate(torch.tensor([list(prompt.encode())]), max_new_tokens=new, do_sample=False,
+                      pad_token_id=tokenizer.eos_token_id, eos_token_id=None)
+  assert out[0, len(prompt):].tolist() == greedy["ids"]
