@@ -297,9 +297,13 @@ def write_tokenizer(tokenizer: tokenizers.Tokenizer, out: pathlib.Path) -> list[
   elif tokenizer.kind == "huggingface":
     text = tokenizer.serialized().decode("utf-8")
     eos = _token(text, tokenizer.eod_id)
+  elif tokenizer.kind == "sentencepiece":
+    spec, eos = sentencepiece_tokenizer_json(tokenizer.serialized())
+    text = json.dumps(spec, ensure_ascii=False)
+    config["split_special_tokens"] = True  # "</s>" in a text is its characters, as SentencePiece reads it
   else:
-    raise DataError(f"a {tokenizer.kind} tokenizer is not exported: allowed the byte-level tokenizer (text data) or "
-                    "a Hugging Face tokenizer.json (launch.prepare_data --tokenizer=PATH)")
+    raise DataError(f"a {tokenizer.kind} tokenizer is not exported: allowed the byte-level tokenizer (text data), a "
+                    "SentencePiece BPE model or a Hugging Face tokenizer.json")
   (out / "tokenizer.json").write_text(text, encoding="utf-8")
   (out / "tokenizer_config.json").write_text(json.dumps(dict(config, eos_token=eos), indent=2) + "\n")
   return ["tokenizer.json", "tokenizer_config.json"]
@@ -308,3 +312,56 @@ def write_tokenizer(tokenizer: tokenizers.Tokenizer, out: pathlib.Path) -> list[
 def _token(text: str, token_id: int) -> str:
   import tokenizers as hf_tokenizers  # pylint: disable=import-outside-toplevel  (the hf extra, as reading it needed)
   return hf_tokenizers.Tokenizer.from_str(text).id_to_token(token_id)
+
+
+# What a SentencePiece model must be for its tokenizer.json to give its ids: launch.prepare_data's settings
+# (runtime/data/tokenizers.py, train_sentencepiece). Each entry: the setting, how to read it, the value required.
+_SENTENCEPIECE_EXACT = (
+    ("normalization_rule_name", lambda m: m.normalizer_spec.name, "identity"),
+    ("add_dummy_prefix", lambda m: m.normalizer_spec.add_dummy_prefix, False),
+    ("remove_extra_whitespaces", lambda m: m.normalizer_spec.remove_extra_whitespaces, False),
+    ("escape_whitespaces", lambda m: m.normalizer_spec.escape_whitespaces, True),
+    ("treat_whitespace_as_suffix", lambda m: m.trainer_spec.treat_whitespace_as_suffix, False),
+    ("byte_fallback", lambda m: m.trainer_spec.byte_fallback, True),
+    ("model_type", lambda m: type(m.trainer_spec).ModelType.Name(m.trainer_spec.model_type), "BPE"),
+)
+_NORMAL, _UNKNOWN, _USER_DEFINED = 1, 2, 4  # SentencePiece's piece types
+
+
+def sentencepiece_tokenizer_json(proto: bytes) -> tuple[dict, str]:
+  """A SentencePiece BPE model (serialized) as a tokenizer.json that gives the same ids, and its end-of-document
+  piece. Spaces become '▁' (the only normalization of launch.prepare_data's models); the whole text is one word, as
+  SentencePiece's BPE reads it; the merges are every split of a piece into two pieces, ranked by the piece's score
+  (SentencePiece merges the adjacent pair whose piece scores highest); characters outside the vocabulary fall back to
+  their bytes. A model trained otherwise is refused in one line naming the setting."""
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=import-outside-toplevel
+  model = sentencepiece_model_pb2.ModelProto()
+  model.ParseFromString(proto)
+  for field, read, required in _SENTENCEPIECE_EXACT:
+    if read(model) != required:
+      raise DataError(f"the SentencePiece model has {field} = {read(model)!r}; only a model with {field} = "
+                      f"{required!r} exports with the same ids, as launch.prepare_data --tokenizer=sentencepiece "
+                      "trains them with --sentencepiece_type=bpe")
+  pieces = model.pieces
+  if any(p.type == _USER_DEFINED for p in pieces):
+    raise DataError("the SentencePiece model has user-defined pieces, which are not exported: allowed a model "
+                    "trained by launch.prepare_data")
+  vocab = {p.piece: i for i, p in enumerate(pieces)}
+  merges = []
+  for i in sorted((i for i, p in enumerate(pieces) if p.type == _NORMAL), key=lambda i: (-pieces[i].score, i)):
+    piece = pieces[i].piece
+    splits = [(vocab[piece[:k]], vocab[piece[k:]]) for k in range(1, len(piece))
+              if piece[:k] in vocab and piece[k:] in vocab]
+    merges += [[pieces[a].piece, pieces[b].piece] for a, b in sorted(splits)]
+  unk = next(p.piece for p in pieces if p.type == _UNKNOWN)
+  eos = pieces[model.trainer_spec.eos_id].piece
+  # No added tokens: the control pieces are in the vocabulary, and no text is read as one (as in SentencePiece).
+  return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+          "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+          "pre_tokenizer": None, "post_processor": None,
+          "decoder": {"type": "Sequence", "decoders": [
+              {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+              {"type": "ByteFallback"}, {"type": "Fuse"}]},
+          "model": {"type": "BPE", "dropout": None, "unk_token": unk, "continuing_subword_prefix": None,
+                    "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                    "vocab": vocab, "merges": merges}}, eos

@@ -10,6 +10,7 @@ import pytest
 
 from models import lm
 from models.config import ModelConfig
+from runtime.data import tokenizers
 from runtime.errors import DataError
 from runtime.experiments import modes
 from runtime.trained import export, sampling, saved
@@ -127,6 +128,35 @@ def test_a_gpt_model_with_qk_norm_has_no_exact_architecture_and_is_refused_in_on
   assert not (tmp_path / "hf").exists()
 
 
+# Text a tokenizer may mishandle: digits, whitespace runs, scripts and bytes the corpus lacks, its own piece names.
+ODD = ["12345 67.890 1e-9 0x1F", "a  b   c    d\t\t\te\n\n\n  \n", "   leading", "trailing   ", "\r\n\r\n", " ", "",
+       "日本語のテキスト", "Ελληνικά и кириллица", "emoji 🙂👍🏽", "\x00\x01\x7f control", "nbsp\u00a0em\u2003",
+       "\u2581already\u2581escaped", "</s> and <unk> as text", "ǅ Å ﬁ"]
+
+
+def _corpus(folder):
+  return [p.read_text(encoding="utf-8") for p in sorted(folder.rglob("*.py"))]
+
+
+def test_a_sentencepiece_tokenizer_exports_as_a_tokenizer_json_that_gives_its_ids(prepared_dataset, text_input):
+  hf_tokenizers = pytest.importorskip("tokenizers")
+  ours, _ = tokenizers.of_data(str(prepared_dataset))
+  spec, eos = export.sentencepiece_tokenizer_json(ours.serialized())
+  theirs = hf_tokenizers.Tokenizer.from_str(json.dumps(spec))
+  texts = _corpus(text_input) + ODD
+  assert len(texts) > 40 and eos == "</s>"
+  for text in texts:
+    ids = ours.encode([text.encode("utf-8")])[0].tolist()
+    assert theirs.encode(text, add_special_tokens=False).ids == ids, text[:60]
+    assert theirs.decode(ids) == ours.decode(ids)
+
+
+def test_a_sentencepiece_model_exported_inexactly_is_refused_naming_the_setting(text_input):
+  unigram = tokenizers.train_sentencepiece([t.encode() for t in _corpus(text_input)], 400, "unigram")
+  with pytest.raises(DataError, match="model_type = 'UNIGRAM'; only a model with model_type = 'BPE'"):
+    export.sentencepiece_tokenizer_json(unigram.serialized())
+
+
 def test_a_users_model_is_refused_naming_the_built_in_models():
   why = export.refusal(ModelConfig(kind="my_models.pair:spec"))
   assert "'my_models.pair:spec' is a user's model" in why and "'gpt' and 'llama'" in why
@@ -174,3 +204,27 @@ def test_transformers_loads_the_export_and_its_logits_and_greedy_text_equal_the_
     out = hf.generate(torch.tensor([list(prompt.encode())]), max_new_tokens=new, do_sample=False,
                       pad_token_id=tokenizer.eos_token_id, eos_token_id=None)
   assert out[0, len(prompt):].tolist() == greedy["ids"]
+
+
+@pytest.mark.slow  # needs torch and transformers: pip install -e '.[transformers]'
+def test_a_llama_trained_on_a_sentencepiece_dataset_exports_with_its_tokenizers_ids(tiny_config, prepared_dataset,
+                                                                                      text_input, tmp_path):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  tiny_config.model.kind, tiny_config.data.path = "llama", str(prepared_dataset)
+  run = modes.prepare(tiny_config)
+  modes.train(tiny_config, tmp_path)
+  model_dir = tmp_path / "decoupled" / saved.MODEL_DIR
+  export.export(model_dir, tmp_path / "hf")
+  loaded = saved.load_model(model_dir)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+  for text in _corpus(text_input) + ODD:
+    assert tokenizer(text).input_ids == loaded.tokenizer.encode([text.encode("utf-8")])[0].tolist(), text[:60]
+  assert tokenizer.eos_token_id == loaded.tokenizer.eod_id
+  hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+  ids = np.asarray([tokenizer(t).input_ids[:run.model.max_len] for t in _corpus(text_input)[:2]])
+  with torch.no_grad():
+    theirs = hf(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+  ours = np.asarray(lm.logits(loaded.params, run.model, ids))
+  print(f"SentencePiece Llama: transformers vs JAX logits: max |difference| {float(np.abs(theirs - ours).max()):.2e}")
+  assert float(np.abs(theirs - ours).max()) < 1e-4
