@@ -17,7 +17,8 @@ _MODEL = flags.DEFINE_multi_string("model", None, "A model or run directory (a g
                                     "more, one row each (run names hold commas, so they are not separators).")
 _MERGE = flags.DEFINE_integer("merge", None, "Read Θ after this many merges from each run's checkpoints.")
 _DATA = flags.DEFINE_string("data", None, "Text path or prepared dataset (default: the run's data).")
-_SPLIT = flags.DEFINE_enum("split", "eval", ["eval", "train"], "Which split of the data to score.")
+_SPLIT = flags.DEFINE_enum("split", "eval", ["eval", "train", "all"],
+                           "Which split of the data to score; all: a text path whole (held-out text).")
 _WINDOWS = flags.DEFINE_enum("windows", "all", ["all", "run"], "Every window, or the run's own eval batches.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Windows per batch.")
 _MAX_WINDOWS = flags.DEFINE_integer("max_windows", 0, "Score at most this many windows (0: all).")

@@ -47,6 +47,15 @@ def resolve_files(path: str) -> list[pathlib.Path]:
   return resolve(path)[1]
 
 
+def load_text(path: str, what: str) -> np.ndarray:
+  """Every document of a text path (a file, a folder, a glob, a JSONL file) whole, in order, joined by SEPARATOR:
+  held-out text to score, not a corpus to split; `what` names the flag that asked for it."""
+  if manifest.path_of(path) is not None:
+    raise DataError(f"{what} reads a text path whole: {path!r} is a prepared dataset, which keeps its own split")
+  root, files = resolve(path)
+  return np.frombuffer(SEPARATOR.join(data for _, data in _text_only(path, _read(root, files, None))), np.uint8)
+
+
 def load_corpus(path: str, eval_fraction: float, max_bytes: int | None = None) -> Corpus:
   """Reads the files once, capped at `max_bytes`, and splits them into train/eval by path hash; or opens the
   prepared dataset at `path` (its own split; `max_bytes` caps its training tokens' stored bytes)."""

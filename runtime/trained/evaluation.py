@@ -2,7 +2,8 @@
 
 The data is a text path (read as `corpus.load_corpus` reads it; with a model whose tokenizer is not bytes, each
 document is encoded with it) or a prepared dataset, whose tokenizer must be the model's. By default every window of
-`seq_len + 1` tokens of the evaluation split is scored; `windows="run"` scores exactly the held-out batches the run
+`seq_len + 1` tokens of the evaluation split is scored (`split="all"`: a text path whole, held-out text the run
+never split); `windows="run"` scores exactly the held-out batches the run
 evaluated on (`launch.evaluate` then reproduces the run's final eval loss). Bits per byte divide the summed loss by
 the UTF-8 bytes the scored tokens stand for, so models with different tokenizers compare.
 """
@@ -19,7 +20,7 @@ from runtime.train.programs import make_eval
 from runtime.data import tokenizers
 from runtime.trained.saved import Loaded
 
-SPLITS = ("eval", "train")
+SPLITS = ("eval", "train", "all")  # "all": a text path whole (held-out text the run never split)
 WINDOWS = ("all", "run")
 
 
@@ -56,7 +57,9 @@ def evaluate(model: Loaded, data_path: str | None = None, *, split: str = "eval"
 
 def _stream(model: Loaded, data_path: str, split: str, run_data: dict) -> "np.ndarray | prepared.TokenSplit":
   """The split's token stream, in the model's tokenizer."""
-  if manifest_lib.path_of(data_path) is not None:
+  if split == "all":
+    stream = corpus.load_text(data_path, "--split=all")  # (a prepared dataset is refused: it has its own split)
+  elif manifest_lib.path_of(data_path) is not None:
     theirs, _ = tokenizers.of_data(data_path)
     ours = model.tokenizer
     if theirs.serialized() != ours.serialized():
@@ -64,8 +67,9 @@ def _stream(model: Loaded, data_path: str, split: str, run_data: dict) -> "np.nd
                       f"with {ours.kind} ({ours.vocab_size} ids): allowed data prepared with the model's tokenizer")
     train, held_out, _ = prepared.load(data_path, run_data.get("max_bytes") if split == "train" else None)
     return held_out if split == "eval" else train
-  loaded = corpus.load_corpus(data_path, run_data.get("eval_fraction", 0.02), run_data.get("max_bytes"))
-  stream = loaded.eval if split == "eval" else loaded.train
+  else:
+    loaded = corpus.load_corpus(data_path, run_data.get("eval_fraction", 0.02), run_data.get("max_bytes"))
+    stream = loaded.eval if split == "eval" else loaded.train
   if model.tokenizer.kind == "byte":
     return stream
   documents = stream.tobytes().split(corpus.SEPARATOR)  # text for a model with its own tokenizer

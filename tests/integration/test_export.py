@@ -13,7 +13,7 @@ from models.config import ModelConfig
 from runtime.data import tokenizers
 from runtime.errors import DataError
 from runtime.experiments import modes
-from runtime.trained import export, sampling, saved
+from runtime.trained import evaluation, export, sampling, saved
 from tests import launcher
 
 TEXT = ["def main():\n    return 42\n" * 2, "import os\nimport sys\nclass Café:\n  pass\n" * 2]
@@ -228,3 +228,46 @@ def test_a_llama_trained_on_a_sentencepiece_dataset_exports_with_its_tokenizers_
   ours = np.asarray(lm.logits(loaded.params, run.model, ids))
   print(f"SentencePiece Llama: transformers vs JAX logits: max |difference| {float(np.abs(theirs - ours).max()):.2e}")
   assert float(np.abs(theirs - ours).max()) < 1e-4
+
+
+# A local lm-evaluation-harness task: the rolling log-likelihood of every document of a JSONL file (no downloads).
+HELD_OUT_TASK = """task: held_out_text
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {jsonl}
+output_type: loglikelihood_rolling
+test_split: test
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+"""
+
+
+@pytest.mark.slow  # needs lm-evaluation-harness (pip install lm-eval accelerate) and transformers
+def test_lm_evaluation_harness_scores_the_export_as_launch_evaluate_does(tiny_config, text_input, tmp_path,
+                                                                         monkeypatch):
+  lm_eval = pytest.importorskip("lm_eval")
+  pytest.importorskip("transformers")
+  pytest.importorskip("accelerate")
+  from lm_eval import tasks  # pylint: disable=import-outside-toplevel
+  monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  modes.train(tiny_config, tmp_path)
+  model_dir = tmp_path / "decoupled" / saved.MODEL_DIR
+  export.export(model_dir, tmp_path / "hf")
+  files = sorted(text_input.glob("*.py"))
+  (tmp_path / "held_out.jsonl").write_text("".join(json.dumps({"text": f.read_text()}) + "\n" for f in files))
+  (tmp_path / "task").mkdir()
+  (tmp_path / "task" / "held_out_text.yaml").write_text(HELD_OUT_TASK.format(jsonl=tmp_path / "held_out.jsonl"))
+  results = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={tmp_path / 'hf'},dtype=float32",
+                                    tasks=["held_out_text"], task_manager=tasks.TaskManager(
+                                        include_path=str(tmp_path / "task")), device="cpu", batch_size=8)
+  theirs = results["results"]["held_out_text"]["bits_per_byte,none"]
+  ours = evaluation.evaluate(saved.load_model(model_dir), str(text_input / "*.py"), split="all",
+                             progress=False)["bits_per_byte"]
+  print(f"bits per byte: lm-evaluation-harness {theirs:.4f}, launch.evaluate {ours:.4f}")
+  assert abs(theirs - ours) / ours < 0.01

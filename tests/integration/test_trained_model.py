@@ -65,6 +65,21 @@ def test_evaluating_the_runs_own_batches_reproduces_its_final_eval_loss(trained)
   assert everything["bits_per_byte"] == pytest.approx(everything["loss"] / np.log(2))  # bytes: one per token
 
 
+def test_a_held_out_text_is_scored_whole_with_split_all_and_a_prepared_dataset_is_refused(trained, text_input,
+                                                                                            prepared_dataset):
+  _, run_dir, _ = trained
+  model = load_model(run_dir)
+  files = sorted(text_input.glob("*.py"))  # (the glob below: the folder's own files, not its subfolder's)
+  whole = sum(len(f.read_bytes()) for f in files) + len(files) - 1  # the files joined by the separator
+  row = evaluation.evaluate(model, str(text_input / "*.py"), split="all", progress=False)
+  seq_len = model.record["data"]["seq_len"]
+  assert row["tokens"] == whole // (seq_len + 1) * seq_len  # every window of every file, none held back
+  held = evaluation.evaluate(model, str(text_input / "*.py"), split="eval", progress=False)
+  assert held["tokens"] < row["tokens"] / 4
+  with pytest.raises(DataError, match="--split=all reads a text path whole: .* is a prepared dataset, which keeps its own split"):
+    evaluation.evaluate(model, str(prepared_dataset), split="all", progress=False)
+
+
 def test_sampling_is_deterministic_for_a_seed_and_greedy_sampling_follows_the_full_forward_pass(trained):
   _, run_dir, _ = trained
   cfg, params, tokenizer = load_model(run_dir)
