@@ -228,6 +228,13 @@ def test_a_llama_trained_on_a_sentencepiece_dataset_exports_with_its_tokenizers_
   ours = np.asarray(lm.logits(loaded.params, run.model, ids))
   print(f"SentencePiece Llama: transformers vs JAX logits: max |difference| {float(np.abs(theirs - ours).max()):.2e}")
   assert float(np.abs(theirs - ours).max()) < 1e-4
+  greedy = sampling.generate(run.model, loaded.params, loaded.tokenizer, "def ", tokens=16, temperature=0.0,
+                             stop_at_end=False)
+  prompt = tokenizer("def ").input_ids
+  with torch.no_grad():
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.eos_token_id,
+                      eos_token_id=None)
+  assert out[0, len(prompt):].tolist() == greedy["ids"]
 
 
 # A local lm-evaluation-harness task: the rolling log-likelihood of every document of a JSONL file (no downloads).
