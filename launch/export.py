@@ -3,7 +3,8 @@
 
 --model is a model directory, a run directory (its final model) or, with --merge=N, a run's controller checkpoint
 N. DIR gets model.safetensors (shards and an index above --shard_gb), config.json (Llama, Qwen3 for a Llama with
-QK-norm, GPT-NeoX for a rotary GPT, GPT-2 for one with learned positions) and the tokenizer's files; `AutoModelForCausalLM.from_pretrained(DIR)` loads it. Docs: docs/model.md.
+QK-norm, GPT-NeoX for a rotary GPT, GPT-2 for one with learned positions) and the tokenizer's files;
+`AutoModelForCausalLM.from_pretrained(DIR)` loads it. Docs: docs/model.md.
 """
 
 from absl import flags

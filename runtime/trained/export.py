@@ -36,6 +36,11 @@ _NUMPY = {v: k for k, v in _DTYPES.items() if k != "bfloat16"}
 # config.json. Linear weights are [out, in] (torch's nn.Linear) except GPT-2's Conv1D, which is [in, out].
 
 
+def _zeros(n: int) -> np.ndarray:
+  """The biases an architecture has where our GPT has none."""
+  return np.zeros((n,), np.float32)
+
+
 def _heads(kernel: Any, d: int) -> np.ndarray:
   """A [d, heads, head_dim] projection as [d, heads·head_dim] (head-major, as transformers views it)."""
   return np.reshape(np.asarray(kernel), (d, -1))
@@ -72,7 +77,6 @@ def _neox_tensors(cfg: ModelConfig, params: Any) -> dict[str, Any]:
   ([heads, 3, head_dim] on its output axis); the attention's biases, which our GPT has not, are zeros; the output
   projection tied to the embedding."""
   d = cfg.d_model
-  zeros = lambda n: np.zeros((n,), np.float32)
   out = {"gpt_neox.embed_in.weight": params["embed"]["embedding"],
          "gpt_neox.final_layer_norm.weight": params["ln_final"]["scale"],
          "gpt_neox.final_layer_norm.bias": params["ln_final"]["bias"]}
@@ -85,9 +89,9 @@ def _neox_tensors(cfg: ModelConfig, params: Any) -> dict[str, Any]:
         f"{name}.post_attention_layernorm.weight": block["ln2"]["scale"],
         f"{name}.post_attention_layernorm.bias": block["ln2"]["bias"],
         f"{name}.attention.query_key_value.weight": np.reshape(qkv, (d, -1)).T,
-        f"{name}.attention.query_key_value.bias": zeros(3 * d),
+        f"{name}.attention.query_key_value.bias": _zeros(3 * d),
         f"{name}.attention.dense.weight": np.reshape(attn["out"]["kernel"], (-1, d)).T,
-        f"{name}.attention.dense.bias": zeros(d),
+        f"{name}.attention.dense.bias": _zeros(d),
         f"{name}.mlp.dense_h_to_4h.weight": block["mlp_in"]["kernel"].T,
         f"{name}.mlp.dense_h_to_4h.bias": block["mlp_in"]["bias"],
         f"{name}.mlp.dense_4h_to_h.weight": block["mlp_out"]["kernel"].T,
@@ -100,7 +104,6 @@ def _gpt2_tensors(cfg: ModelConfig, params: Any) -> dict[str, Any]:
   """GPT2LMHeadModel's tensors: Conv1D weights [in, out], one fused query|key|value projection (each d wide,
   head-major); the attention's biases, which our GPT has not, are zeros; the output projection tied to wte."""
   d = cfg.d_model
-  zeros = lambda n: np.zeros((n,), np.float32)
   out = {"transformer.wte.weight": params["embed"]["embedding"], "transformer.wpe.weight": params["pos_embed"],
          "transformer.ln_f.weight": params["ln_final"]["scale"], "transformer.ln_f.bias": params["ln_final"]["bias"]}
   for i in range(cfg.num_layers):
@@ -110,9 +113,9 @@ def _gpt2_tensors(cfg: ModelConfig, params: Any) -> dict[str, Any]:
         f"{name}.ln_1.weight": block["ln1"]["scale"], f"{name}.ln_1.bias": block["ln1"]["bias"],
         f"{name}.attn.c_attn.weight": np.concatenate([_heads(attn[n]["kernel"], d) for n in ("query", "key", "value")],
                                                       axis=1),
-        f"{name}.attn.c_attn.bias": zeros(3 * d),
+        f"{name}.attn.c_attn.bias": _zeros(3 * d),
         f"{name}.attn.c_proj.weight": np.reshape(attn["out"]["kernel"], (-1, d)),
-        f"{name}.attn.c_proj.bias": zeros(d),
+        f"{name}.attn.c_proj.bias": _zeros(d),
         f"{name}.ln_2.weight": block["ln2"]["scale"], f"{name}.ln_2.bias": block["ln2"]["bias"],
         f"{name}.mlp.c_fc.weight": block["mlp_in"]["kernel"], f"{name}.mlp.c_fc.bias": block["mlp_in"]["bias"],
         f"{name}.mlp.c_proj.weight": block["mlp_out"]["kernel"], f"{name}.mlp.c_proj.bias": block["mlp_out"]["bias"],
