@@ -52,8 +52,7 @@ def load_text(path: str, what: str) -> np.ndarray:
   held-out text to score, not a corpus to split; `what` names the flag that asked for it."""
   if manifest.path_of(path) is not None:
     raise DataError(f"{what} reads a text path whole: {path!r} is a prepared dataset, which keeps its own split")
-  root, files = resolve(path)
-  return np.frombuffer(SEPARATOR.join(data for _, data in _text_only(path, _read(root, files, None))), np.uint8)
+  return np.frombuffer(SEPARATOR.join(data for _, data in _documents(path, None)), np.uint8)
 
 
 def load_corpus(path: str, eval_fraction: float, max_bytes: int | None = None) -> Corpus:
@@ -67,8 +66,7 @@ def load_corpus(path: str, eval_fraction: float, max_bytes: int | None = None) -
         f"data.eval_fraction = {eval_fraction!r} is invalid: allowed 0 < eval_fraction < 1")
   if max_bytes is not None and max_bytes < 1:
     raise DataError(f"data.max_bytes = {max_bytes!r} is invalid: allowed None or an integer >= 1")
-  root, files = resolve(path)
-  docs = _text_only(path, _read(root, files, max_bytes))
+  docs = _documents(path, max_bytes)
   if len(docs) == 1:
     # One file has no other file to hold out, so its tail becomes the eval split.
     data = docs[0][1]
@@ -152,6 +150,12 @@ def _text_digest(root: pathlib.Path, files: tuple[tuple[str, int, int], ...]) ->
     digest.update(name.encode("utf-8") + SEPARATOR)
     digest.update(manifest.sha256_of(root / name).encode("ascii"))
   return "text:" + digest.hexdigest()
+
+
+def _documents(path: str, max_bytes: int | None) -> list[tuple[str, bytes]]:
+  """The text documents of a text path, (path relative to its root, contents) in order, up to `max_bytes`."""
+  root, files = resolve(path)
+  return _text_only(path, _read(root, files, max_bytes))
 
 
 def _text_only(path: str, docs: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:

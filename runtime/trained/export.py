@@ -328,7 +328,6 @@ _SENTENCEPIECE_EXACT = (
     ("byte_fallback", lambda m: m.trainer_spec.byte_fallback, True),
     ("model_type", lambda m: type(m.trainer_spec).ModelType.Name(m.trainer_spec.model_type), "BPE"),
 )
-_NORMAL, _UNKNOWN, _USER_DEFINED = 1, 2, 4  # SentencePiece's piece types
 
 
 def sentencepiece_tokenizer_json(proto: bytes) -> tuple[dict, str]:
@@ -338,7 +337,7 @@ def sentencepiece_tokenizer_json(proto: bytes) -> tuple[dict, str]:
   (SentencePiece merges the adjacent pair whose piece scores highest); characters outside the vocabulary fall back to
   their bytes. A model trained otherwise is refused in one line naming the setting."""
   from sentencepiece import sentencepiece_model_pb2  # pylint: disable=import-outside-toplevel
-  model = sentencepiece_model_pb2.ModelProto()
+  model, kinds = sentencepiece_model_pb2.ModelProto(), sentencepiece_model_pb2.ModelProto.SentencePiece  # piece types
   model.ParseFromString(proto)
   for field, read, required in _SENTENCEPIECE_EXACT:
     if read(model) != required:
@@ -346,17 +345,17 @@ def sentencepiece_tokenizer_json(proto: bytes) -> tuple[dict, str]:
                       f"{required!r} exports with the same ids, as launch.prepare_data --tokenizer=sentencepiece "
                       "trains them with --sentencepiece_type=bpe")
   pieces = model.pieces
-  if any(p.type == _USER_DEFINED for p in pieces):
+  if any(p.type == kinds.USER_DEFINED for p in pieces):
     raise DataError("the SentencePiece model has user-defined pieces, which are not exported: allowed a model "
                     "trained by launch.prepare_data")
   vocab = {p.piece: i for i, p in enumerate(pieces)}
   merges = []
-  for i in sorted((i for i, p in enumerate(pieces) if p.type == _NORMAL), key=lambda i: (-pieces[i].score, i)):
+  for i in sorted((i for i, p in enumerate(pieces) if p.type == kinds.NORMAL), key=lambda i: (-pieces[i].score, i)):
     piece = pieces[i].piece
     splits = [(vocab[piece[:k]], vocab[piece[k:]]) for k in range(1, len(piece))
               if piece[:k] in vocab and piece[k:] in vocab]
     merges += [[pieces[a].piece, pieces[b].piece] for a, b in sorted(splits)]
-  unk = next(p.piece for p in pieces if p.type == _UNKNOWN)
+  unk = next(p.piece for p in pieces if p.type == kinds.UNKNOWN)
   eos = pieces[model.trainer_spec.eos_id].piece
   # No added tokens: the control pieces are in the vocabulary, and no text is read as one (as in SentencePiece).
   return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
