@@ -2,7 +2,7 @@
 
 import types
 
-from runtime.diloco.learner.learner import Failure
+from runtime.diloco.learner.interface import Failure
 from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, RECONFIGURING, TRAINING, WAITING
 
 
@@ -46,6 +46,9 @@ class FakeLearner:
   def newest_part(self) -> str:
     return self.parts[-1].kind if self.parts else ""
 
+  def parts_end_at(self, seconds_per_step: float) -> float:
+    return max(p.started_at + p.steps * seconds_per_step for p in self.parts)
+
   def seconds_per_step(self, part) -> float:
     return (part.modeled_seconds or self.device.last_seconds) / part.steps
 
@@ -61,9 +64,9 @@ class FakeLearner:
     self.status = ABSENT
     return failure
 
-  def rejoin(self, slices, devices, theta, version, now: float) -> None:
-    del devices, theta
-    self.slices = slices if isinstance(slices, tuple) else (slices,)
+  def rejoin(self, slice_index, devices, theta_host, version, now: float) -> None:
+    del devices, theta_host
+    self.slices = slice_index if isinstance(slice_index, tuple) else (slice_index,)
     self.slice_index, self.status = self.slices[0], WAITING
     self.calls.append(("rejoin", self.slices, version, now))
 
@@ -72,21 +75,19 @@ class FakeLearner:
     self.reconfigure(now)
     return Failure(self.slice_index, "", 0, 0.0)
 
-  def regroup(self, slices: tuple, devices) -> None:
-    del devices
+  def regroup(self, slices: tuple, groups) -> None:
+    del groups
     self.slices, self.slice_index = slices, slices[0]
     self.calls.append(("regroup", slices))
 
   def join_schedule(self, total_steps: int) -> None:
     self.total_steps = total_steps
 
-  inflight = property(lambda self: self.parts[0] if self.parts else None)
-
   def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False,
                schedule_at: int | None = None, ahead: int | None = None):
     del armed, schedule_at, ahead
-    part = types.SimpleNamespace(kind=kind, steps=steps, started_at=now, modeled_seconds=modeled_seconds,
-                                 state="state", metrics="metrics", queued_seconds=0.0)
+    part = types.SimpleNamespace(kind=kind, steps=steps, tokens=steps * self.tokens_per_batch, started_at=now,
+                                 modeled_seconds=modeled_seconds, queued_seconds=0.0, future=("state", "metrics"))
     self.parts.append(part)
     self.status = TRAINING
     self.calls.append(("dispatch", kind, steps, now))
@@ -115,6 +116,9 @@ class FakeLearner:
   def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
     del seconds_per_step
     return now
+
+  def theta_landing(self):
+    return None  # (Θ is laid out nowhere ahead: it has no devices)
 
 
 class FakeLog:

@@ -9,7 +9,7 @@ from typing import Sequence
 
 from runtime.config.run import RunConfig
 from runtime.diloco.ledger import Ledger
-from runtime.diloco.learner.learner import Learner
+from runtime.diloco.learner.interface import LearnerPort
 from runtime.diloco.learner.lifecycle import DONE
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.sync.syncer import Syncer
@@ -19,7 +19,7 @@ from runtime.diloco.theta_post import ThetaPost
 class Budget:
   """Tokens dispatched, reports in transit to the syncer, and the ledger of slice time (useful, lost, lent)."""
 
-  def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], syncer: Syncer, post: ThetaPost,
+  def __init__(self, run: RunConfig, clock, learners: Sequence[LearnerPort], syncer: Syncer, post: ThetaPost,
                ledger: Ledger, log: RunLog):
     self._run, self._clock, self._learners, self._syncer, self._post = run, clock, learners, syncer, post
     self.ledger, self._log = ledger, log
@@ -30,7 +30,7 @@ class Budget:
     """True while the token budget is not all dispatched."""
     return self.tokens_dispatched < self._run.token_budget
 
-  def steps_left(self, learner: Learner) -> int:
+  def steps_left(self, learner: LearnerPort) -> int:
     """Whole inner steps of the learner's batch that the budget still holds."""
     return (self._run.token_budget - self.tokens_dispatched) // learner.tokens_per_batch
 

@@ -20,6 +20,7 @@ from runtime.config.run import RunConfig
 from runtime.data.service import DataService, LeasedStream
 from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
+from runtime.diloco.learner.interface import LearnerPort
 from runtime.diloco.learner.learner import Learner
 from runtime.diloco.learner.lifecycle import ABSENT
 from runtime.diloco.run_log import RunLog
@@ -37,7 +38,7 @@ def make_data_service(run: RunConfig, exp: Experiment) -> DataService | None:
 
 def make_learners(run: RunConfig, exp: Experiment, devices: Sequence[list[jax.Device]],
                   injector: injection.Injector | None,
-                  data_service: DataService | None) -> list[Learner]:
+                  data_service: DataService | None) -> list[LearnerPort]:
   """The owned learners (one per owned slice, or k) and one absent learner per slice that may be lent."""
   learners = []
   for m in range(run.learners + run.lent_slices):
@@ -53,7 +54,7 @@ def make_learners(run: RunConfig, exp: Experiment, devices: Sequence[list[jax.De
 class Membership:
   """Lends and reclaims of slices (scheduled, or drawn from random traces), and the learners they bring and take."""
 
-  def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], budget: Budget, slices: SliceLifecycle,
+  def __init__(self, run: RunConfig, clock, learners: Sequence[LearnerPort], budget: Budget, slices: SliceLifecycle,
                data_service: DataService | None, log: RunLog):
     self._run, self._clock, self._learners, self._budget, self._slices = run, clock, learners, budget, slices
     self._data_service, self._log = data_service, log

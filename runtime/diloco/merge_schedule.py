@@ -9,14 +9,14 @@ laid out on each merged learner's slices, each stage timed.
 import concurrent.futures
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 
 from runtime.config.run import RunConfig
 from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner.learner import Learner
+from runtime.diloco.learner.interface import LearnerPort
 from runtime.diloco.learner.lifecycle import ABSENT, OUT
 from runtime.diloco.profiling import annotate
 from runtime.diloco.run_log import RunLog
@@ -25,7 +25,6 @@ from runtime.diloco.sync.messages import Report
 from runtime.diloco.sync.syncer import MergeResult, Syncer
 from runtime.errors import TrainingDiverged
 from runtime.network.links import Links
-from runtime.train import tree_transfer
 from runtime.train.optim import inner_lr
 
 IDLE, SCHEDULED, RUNNING = "idle", "scheduled", "running"
@@ -34,8 +33,8 @@ IDLE, SCHEDULED, RUNNING = "idle", "scheduled", "running"
 class MergeSchedule:
   """The merge state (idle, scheduled, running) and the worker thread merges run in."""
 
-  def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], syncer: Syncer, links: Links, budget: Budget,
-               log: RunLog, slices: SliceLifecycle):
+  def __init__(self, run: RunConfig, clock, learners: Sequence[LearnerPort], syncer: Syncer, links: Links,
+               budget: Budget, log: RunLog, slices: SliceLifecycle):
     self._run, self._clock, self._learners, self._syncer, self._links = run, clock, learners, syncer, links
     self._budget, self._log, self._slices = budget, log, slices
     self._lr = inner_lr(run.inner, run.total_steps)  # evaluated here: on the host CPU it queues behind the merge
@@ -75,12 +74,16 @@ class MergeSchedule:
     reports = self._syncer.take_pending(event.payload)
     self.state = RUNNING
     members = sum(l.status != ABSENT for l in self._learners)  # (learners present: the outer step's scale)
-    future = self._worker.submit(self._merge, reports, members)
+    landings = {}  # where each reporting learner trains now, asked here: the worker reads no learner's fields
+    if self._syncer.trees.num == 1 and self._syncer.mirrors is None:  # (else Θ goes down as a fragment, compressed)
+      landings = {r.learner: self._learners[r.learner].theta_landing() for r in reports}
+    future = self._worker.submit(self._merge, reports, members, landings)
     self._clock.on_done(future, self._run.clock.merge_seconds,
                         Event(EventKind.MERGE_DONE, payload=(future, reports, self._clock.now())))
 
-  def _merge(self, reports: list[Report], members: int) -> "Merged":
-    """In the worker: the reports' tensors to the host, the merge, and Θ onto the merged learners' slices."""
+  def _merge(self, reports: list[Report], members: int, landings: dict[int, Callable | None]) -> "Merged":
+    """In the worker: the reports' tensors to the host, the merge, and Θ laid out where each merged learner trains
+    (by its `landings`, asked of it when the merge began)."""
     marks = [time.perf_counter()]
     with annotate("syncer/report_copy"):
       landed = [r if r.params is None else dataclasses.replace(r, params=self._syncer.land(r.params)) for r in reports]
@@ -91,25 +94,15 @@ class MergeSchedule:
     marks.append(time.perf_counter())
     placed = {}
     with annotate("syncer/theta_copy"):
-      if self._syncer.trees.num == 1 and self._syncer.mirrors is None:  # (else Θ goes down as a fragment, compressed)
-        for m in result.merged:
-          placed.update(self._place(m, result.params))
+      for m in result.merged:
+        land = landings.get(m)
+        laid_out = land(result.params) if land is not None else None
+        if laid_out is not None:
+          placed[m] = laid_out
     marks.append(time.perf_counter())
     lrs = tuple(self._lr(r.total_steps - 1) for r in reports if r.learner in result.merged)  # (not a stage: untimed)
     stages = dict(zip(("report_copy_s", "merge_s", "theta_copy_s"), (b - a for a, b in zip(marks, marks[1:]))))
     return Merged(result, placed, stages, lrs)
-
-  def _place(self, m: int, theta: Any) -> dict[int, tuple[Any, Any]]:
-    """Θ laid out on learner m's slices, or nothing if it has none or they failed meanwhile (a learner that moved
-    or failed copies Θ itself when it adopts it)."""
-    learner = self._learners[m]
-    if not learner.slices:
-      return {}
-    sharding = learner.param_sharding
-    try:
-      return {m: (sharding, jax.block_until_ready(tree_transfer.copy_to(theta, sharding)))}
-    except jax.errors.JaxRuntimeError:
-      return {}
 
   def on_merge_done(self, event: Event) -> None:
     """The worker's merge is done: Θ committed, each report answered (merged, or quarantined and its work lost) and
@@ -161,8 +154,8 @@ class MergeSchedule:
 
 @dataclasses.dataclass(frozen=True)
 class Merged:
-  """What the worker made of one merge: the result, Θ laid out on each merged learner's slices (learner: (sharding,
-  tree)), the host seconds of each stage, and the inner learning rate of each merged report's last step."""
+  """What the worker made of one merge: the result, Θ laid out where each merged learner trains (learner: what its
+  landing returned), the host seconds of each stage, and the inner learning rate of each merged report's last step."""
 
   result: MergeResult
   placed: dict[int, tuple[Any, Any]]

@@ -14,9 +14,8 @@ from runtime.config.run import RunConfig
 from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
 from runtime.diloco import round_plan
-from runtime.diloco.learner.learner import Learner
+from runtime.diloco.learner.interface import LearnerPort, Part
 from runtime.diloco.learner.lifecycle import RECONFIGURING, TRAINING, WAITING
-from runtime.diloco.learner.parts import RoundPart
 from runtime.diloco.profiling import annotate
 from runtime.diloco.round_plan import MAIN, OVERLAP
 from runtime.diloco.run_log import RunLog
@@ -41,7 +40,7 @@ def queue_depth(run: RunConfig) -> int:
 class Rounds:
   """Dispatches the learners' parts within the budget, sends their reports up, and hands them the Θ that arrives."""
 
-  def __init__(self, run: RunConfig, clock, learners: Sequence[Learner], syncer: Syncer, links: Links,
+  def __init__(self, run: RunConfig, clock, learners: Sequence[LearnerPort], syncer: Syncer, links: Links,
                budget: Budget, post: ThetaPost, log: RunLog, slices: SliceLifecycle):
     self._run, self._clock, self._learners, self._syncer, self._links = run, clock, learners, syncer, links
     self._budget, self._post, self._log = budget, post, log
@@ -51,36 +50,36 @@ class Rounds:
 
   # Dispatch ----------------------------------------------------------------------------------------
 
-  def _next(self, learner: Learner, newest: str) -> round_plan.Next:
+  def _next(self, learner: LearnerPort, newest: str) -> round_plan.Next:
     """The round plan's next step for the learner, after a part of kind `newest` ("": a new round, which starts when
     its parts in flight end)."""
     in_flight = learner.parts_in_flight() > 0
     deadline = None
     if not newest and self._deadlines is not None:
       now = self._clock.now()
-      deadline = self._deadline(learner, learner.parts.ends_at(self._step_seconds(learner)) if in_flight else now)
+      deadline = self._deadline(learner, learner.parts_end_at(self._step_seconds(learner)) if in_flight else now)
     view = round_plan.View(newest=newest, has_theta=learner.has_theta(), in_flight=in_flight,
                            steps_left=self._budget.steps_left(learner), unreported_tokens=learner.tokens,
                            deadline=deadline)
     return round_plan.next_part(self._run, view)
 
-  def _step_seconds(self, learner: Learner) -> float:
+  def _step_seconds(self, learner: LearnerPort) -> float:
     """rounds.length "time": the learner's step time the plan goes by."""
     return self._deadlines.seconds_per_step(learner.index, self._slices.step_scale(learner))
 
-  def _deadline(self, learner: Learner, start: float) -> round_plan.Deadline | None:
+  def _deadline(self, learner: LearnerPort, start: float) -> round_plan.Deadline | None:
     return self._deadlines.of(learner.index, start, self._slices.step_scale(learner))
 
-  def _ahead(self, learner: Learner, kind: str, steps: int, now: float, modeled: float) -> int | None:
+  def _ahead(self, learner: LearnerPort, kind: str, steps: int, now: float, modeled: float) -> int | None:
     """rounds.length "time": the steps of the part the learner stages after this one, planned as if the next round
     starts when this part ends (None under "steps": the learner's own look-ahead is exact)."""
     if self._deadlines is None:
       return None
     xi = self._step_seconds(learner)
-    ends = (learner.parts.ends_at(xi) if learner.parts_in_flight() else now) + (modeled or steps * xi)
+    ends = (learner.parts_end_at(xi) if learner.parts_in_flight() else now) + (modeled or steps * xi)
     return round_plan.staged_after(self._run, kind, learner.has_theta(), self._deadline(learner, ends))
 
-  def start_round(self, learner: Learner) -> None:
+  def start_round(self, learner: LearnerPort) -> None:
     """Dispatches the main part (round_plan: H − τ steps, or the whole steps left of the budget if fewer), or sends
     the budget's last report."""
     then = self._next(learner, "")
@@ -90,7 +89,7 @@ class Rounds:
     if self._dispatch(learner, MAIN, then.steps):
       self.top_up(learner)
 
-  def top_up(self, learner: Learner) -> None:
+  def top_up(self, learner: LearnerPort) -> None:
     """Queues the learner's next parts behind those in flight, up to the queue depth, while what comes next is
     known (see the module's docstring)."""
     while 0 < learner.parts_in_flight() < self._depth and learner.status == TRAINING:
@@ -106,7 +105,7 @@ class Rounds:
       if not self._dispatch(learner, OVERLAP, then.steps):
         return
 
-  def _dispatch(self, learner: Learner, kind: str, steps: int) -> bool:
+  def _dispatch(self, learner: LearnerPort, kind: str, steps: int) -> bool:
     """Dispatches a part of the learner's round within the token budget; False if none was dispatched."""
     tokens = steps * learner.tokens_per_batch
     if steps > self._budget.steps_left(learner):
@@ -131,7 +130,7 @@ class Rounds:
       self._slices.failed(learner, "at dispatch", error)
       return False
     self._budget.dispatched(tokens)
-    self._clock.on_done((part.state, part.metrics), part.queued_seconds + modeled,
+    self._clock.on_done(part.future, part.queued_seconds + modeled,
                         Event(EventKind.PART_DONE, learner.index))
     return True
 
@@ -146,7 +145,7 @@ class Rounds:
     self._continue(learner, part, now)
     self._slices.crashed_idle(learner)  # (real clock) a crash armed after the part's last step: now, if none runs
 
-  def _continue(self, learner: Learner, part: RoundPart, now: float) -> None:
+  def _continue(self, learner: LearnerPort, part: Part, now: float) -> None:
     """After a part: its report sent (a main part's), and the learner's next part dispatched, or it waits."""
     self._syncer.observe_round(learner.seconds_per_step(part))
     if self._deadlines is not None:
@@ -180,7 +179,7 @@ class Rounds:
 
   # Reports up ---------------------------------------------------------------------------------------
 
-  def _send_report(self, learner: Learner, now: float) -> None:
+  def _send_report(self, learner: LearnerPort, now: float) -> None:
     report = learner.report(now)
     delay = self._links.send_up(learner.index, now, report.payload, report.fragment)
     if delay is None:  # as if never sent: the learner times out and trains it again
@@ -209,7 +208,7 @@ class Rounds:
     elif learner.has_theta():  # adopted behind its part in flight if a second may be queued
       self.top_up(learner)
 
-  def _adopt(self, learner: Learner) -> None:
+  def _adopt(self, learner: LearnerPort) -> None:
     """The learner adopts the Θ it was delivered and starts its next round."""
     delivery, started = learner.inbox, time.perf_counter()
     try:
@@ -223,7 +222,7 @@ class Rounds:
     self._log.adopted(time.perf_counter() - started)
     self.start_round(learner)
 
-  def _resend_theta(self, learner: Learner, delivery: Delivery, error: Exception) -> None:
+  def _resend_theta(self, learner: LearnerPort, delivery: Delivery, error: Exception) -> None:
     """A compressed Θ the learner could not adopt (damaged, or not for the Θ it holds) is sent again whole."""
     now = self._clock.now()
     self._log.fault("theta_resent", learner.index, now, str(error))

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 from runtime.config.run import RunConfig
-from runtime.diloco.learner.learner import Learner
+from runtime.diloco.learner.interface import LearnerPort
 from runtime.diloco.learner.lifecycle import ABSENT, DOWN, FAILED, TRAINING
 from runtime.diloco.ledger import Ledger, uptime
 from runtime.network.links import Links
@@ -69,8 +69,8 @@ class RunLog:
     """The report's data reached Θ."""
     self.merged_ranges.append((report.learner, report.data_start["position"], report.data_end["position"]))
 
-  def merge(self, result: MergeResult, reports: Sequence[Report], now: float, stamp: dict, learners: Sequence[Learner],
-            grace: float, quorum: int, goodput: float, lrs: Sequence[float]) -> None:
+  def merge(self, result: MergeResult, reports: Sequence[Report], now: float, stamp: dict,
+            learners: Sequence[LearnerPort], grace: float, quorum: int, goodput: float, lrs: Sequence[float]) -> None:
     """The record of one outer step, with the learners' state at its end.
 
     Per merged learner, in the order of `merged`: its round's mean train loss (`losses`, their mean is `loss`)
@@ -149,7 +149,7 @@ class RunLog:
     self.eval_loss = loss
     self.logger.log("eval", dict(record, **self.exp.eval_fields(loss)))
 
-  def result(self, learners: Sequence[Learner], ledger: Ledger, now: float, virtual_seconds: float,
+  def result(self, learners: Sequence[LearnerPort], ledger: Ledger, now: float, virtual_seconds: float,
              params: PyTree) -> RunResult:
     """The run's summary row and the per-learner details behind it."""
     now = max(now, 1e-9)
@@ -178,7 +178,7 @@ class RunLog:
                      merged_ranges=list(self.merged_ranges), faults=list(self.faults),
                      completions=[list(l.completions) for l in learners]))
 
-  def _real_time(self, learners: Sequence[Learner], now: float) -> dict:
+  def _real_time(self, learners: Sequence[LearnerPort], now: float) -> dict:
     """Under the real clock: the run's seconds (from its first part) and the mean wall seconds of an inner step."""
     if self.run.clock.kind != "real":
       return {}

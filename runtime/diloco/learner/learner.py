@@ -9,9 +9,7 @@ its data stands, what it has reported) and its device state itself; the controll
 collect, report, adopt Θ, fail and rejoin.
 """
 
-from typing import Any
-
-import dataclasses
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -22,6 +20,7 @@ from runtime.train import tree_transfer
 from runtime.config.run import RunConfig
 from runtime.data.service import LeasedStream
 from runtime.diloco.learner import placement as placement_lib
+from runtime.diloco.learner.interface import Failure
 from runtime.diloco.learner import receive as receive_lib
 from runtime.diloco import round_plan
 from runtime.diloco.round_plan import MAIN, OVERLAP
@@ -42,18 +41,8 @@ from runtime.wire.uplink import Uplink
 PyTree = Any
 
 
-@dataclasses.dataclass(frozen=True)
-class Failure:
-  """What a learner's crash cost: its slice, the device error, and the work that never reached Θ."""
-
-  slice_index: int
-  detail: str  # ", awaiting its round: ..." or similar, appended to the crash's cause
-  unmerged_tokens: int  # tokens trained (or in flight) since the last report
-  lost_seconds: float  # busy slice time since its last report
-
-
 class Learner:
-  """Owns one slice (or several); all device work is dispatched asynchronously and awaited only in `collect`, its
+  """The in-process learner (runtime/diloco/learner/interface.py's LearnerPort): owns one slice (or several); all device work is dispatched asynchronously and awaited only in `collect`, its
   parts in flight oldest first (runtime/diloco/learner/parts.py)."""
 
   def __init__(self, index: int, slice_index: int, devices: list[jax.Device], run: RunConfig,
@@ -225,6 +214,10 @@ class Learner:
     self.book.collected(part.steps, part.tokens, busy, len(self.slices), float(loss_H.mean()), now, void=void)
     return part
 
+  def parts_end_at(self, seconds_per_step: float) -> float:
+    """When its parts in flight will have finished: modeled, or estimated from a typical step time."""
+    return self.parts.ends_at(seconds_per_step)
+
   def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
     """When the learner will wait for Θ: the end of its last overlap part in flight (now, if it is waiting)."""
     return now if not self.parts or self.parts[-1].kind != OVERLAP else self.parts.ends_at(seconds_per_step)
@@ -273,6 +266,22 @@ class Learner:
   def report_settled(self, report: Report, merged: bool) -> None:
     """The syncer merged or quarantined the report; a quarantined report's data is trained again."""
     self.book.settled(report, merged)
+
+  def theta_landing(self) -> Callable[[PyTree], tuple[Any, PyTree] | None] | None:
+    """For the merge worker: lays a Θ out on the slices the learner trains on now, or gives None if their devices
+    failed meanwhile (None: it has no slices). What it returns rides in the Delivery's `placed`; `adopt` uses it
+    only if the learner is still where it was laid out, else copies Θ itself."""
+    if not self.slices:
+      return None
+    sharding = self.param_sharding  # (read here, on the controller's thread)
+
+    def land(theta: PyTree) -> tuple[Any, PyTree] | None:
+      try:
+        return sharding, jax.block_until_ready(tree_transfer.copy_to(theta, sharding))
+      except jax.errors.JaxRuntimeError:
+        return None
+
+    return land
 
   def deliver(self, delivery: Delivery) -> bool:
     """Keeps Θ for adoption unless the learner is down or has moved past the round it answers."""

@@ -32,6 +32,11 @@ class RoundPart:
   failure: str = ""  # the device error of a program that failed before it was awaited, raised when it is
   queued_seconds: float = 0.0  # modeled time it waits behind the learner's parts ahead of it (parts_in_flight > 1)
 
+  @property
+  def future(self) -> tuple[TrainState, dict]:
+    """What the clock awaits: the part's device results."""
+    return self.state, self.metrics
+
   def ends_at(self, seconds_per_step: float, ahead_ends_at: float = 0.0) -> float:
     """When the part finishes: modeled, or estimated from a typical step time (and when the part ahead ends)."""
     if self.modeled_seconds:

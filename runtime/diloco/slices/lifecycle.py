@@ -19,7 +19,7 @@ from runtime.cluster.slice_pool import SlicePool
 from runtime.config.run import RunConfig
 from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner.learner import Failure, Learner
+from runtime.diloco.learner.interface import Failure, LearnerPort
 from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, FAILED
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.sync.syncer import Syncer
@@ -34,7 +34,7 @@ class SliceLifecycle:
   """Every slice's failures and returns, and the learners they take down and bring back."""
 
   def __init__(self, run: RunConfig, devices: Sequence[list[jax.Device]], injector: injection.Injector | None,
-               clock, learners: Sequence[Learner], syncer: Syncer, budget: Budget, post: ThetaPost, log: RunLog,
+               clock, learners: Sequence[LearnerPort], syncer: Syncer, budget: Budget, post: ThetaPost, log: RunLog,
                policy: Callable[["SliceLifecycle"], Any]):
     self.run, self.devices, self.injector, self.clock, self.learners = run, devices, injector, clock, learners
     self.syncer, self.budget, self._post, self.log = syncer, budget, post, log
@@ -66,7 +66,7 @@ class SliceLifecycle:
     if learner.status not in (DOWN, DONE, FAILED, ABSENT) and not self._surfaces(learner, event):
       self._crash_now(event, learner)
 
-  def _crash_now(self, event: Event, learner: Learner | None) -> None:
+  def _crash_now(self, event: Event, learner: LearnerPort | None) -> None:
     """The crash `event` takes its slice (whoever runs on it) or its learner down now."""
     if event.kind == EventKind.SLICE_CRASH:
       self._policy.slice_crashed(event.payload)
@@ -74,7 +74,7 @@ class SliceLifecycle:
       repair = event.payload.repair if event.payload.repair >= 0 else None
       self._policy.learner_crashed(learner, event.payload.slice, repair)
 
-  def _surfaces(self, learner: Learner | None, event: Event) -> bool:
+  def _surfaces(self, learner: LearnerPort | None, event: Event) -> bool:
     """Under the real clock a crash fails the learner's program in flight for real: armed to raise at its next inner
     step, the crash is handled when that device error surfaces (`failed`). True if so; False where nothing runs
     (the virtual clock models the crash's time and arms its step at dispatch: `arm_crash`)."""
@@ -84,7 +84,7 @@ class SliceLifecycle:
     self._surfacing[learner.index] = (event, self.clock.now())
     return True
 
-  def _crash_surfaced(self, learner: Learner, how: str) -> None:
+  def _crash_surfaced(self, learner: LearnerPort, how: str) -> None:
     """The crash armed in the learner's program took it down: handled as its event (slice or learner crash)."""
     event, armed_at = self._surfacing.pop(learner.index)
     self._detail[learner.index] = f"{how} (armed at t={armed_at:.2f})"
@@ -94,7 +94,7 @@ class SliceLifecycle:
     """How the learner's crash surfaced (real clock), for its fault record; "" if it did not surface."""
     return self._detail.pop(m, "")
 
-  def crashed_idle(self, learner: Learner) -> bool:
+  def crashed_idle(self, learner: LearnerPort) -> bool:
     """A part finished before its armed crash reached an inner step: with none left in flight to fail, its slice
     fails now, idle. True if the learner went down."""
     if learner.index not in self._surfacing or learner.parts_in_flight():
@@ -105,7 +105,7 @@ class SliceLifecycle:
     self._crash_surfaced(learner, " (its slice failed idle: its program had finished)")
     return True
 
-  def arm_crash(self, learner: Learner, steps: int, modeled: float) -> float | None:
+  def arm_crash(self, learner: LearnerPort, steps: int, modeled: float) -> float | None:
     """Arms the device program to fail where a crash of its slice falls; returns that modeled time.
 
     Without modeled time (the real clock) only step-scheduled crashes are armed here; a crash due at a wall time is
@@ -129,7 +129,7 @@ class SliceLifecycle:
     """The slice comes back after `seconds` of repair."""
     self.clock.after(seconds, Event(EventKind.SLICE_REPAIRED, payload=slice_index))
 
-  def remove(self, learner: Learner, status: str, fault: str, why: str, how: bool = True) -> Failure:
+  def remove(self, learner: LearnerPort, status: str, fault: str, why: str, how: bool = True) -> Failure:
     """Removes the learner's future and loses its unmerged work, recorded as `fault` (kind) for `why` (and `how` its
     failure went); it is DOWN (to return) or FAILED (for good)."""
     failure = learner.fail(self.clock.now(), status)
@@ -141,7 +141,7 @@ class SliceLifecycle:
     self.forget_work(learner.index)
     return failure
 
-  def pull_theta(self, learner: Learner) -> None:
+  def pull_theta(self, learner: LearnerPort) -> None:
     """A learner (re)starting from Θ (rejoin, join) pulls it whole; its first round starts when it has arrived."""
     self._post.pull(learner.index, learner.round)
 
@@ -151,11 +151,11 @@ class SliceLifecycle:
       self.injector.disarm(m)
     self.clock.cancel(lambda e: e.learner == m and e.kind in (EventKind.PART_DONE, EventKind.PARAMS_ARRIVED))
 
-  def crash(self, learner: Learner, why: str, repair: float | None = None) -> None:
+  def crash(self, learner: LearnerPort, why: str, repair: float | None = None) -> None:
     """Removes the learner's future, writes off its unmerged work, and arranges its return (all its slices lost)."""
     self._policy.crash(learner, why, repair)
 
-  def failed(self, learner: Learner, where: str, error: Exception) -> None:
+  def failed(self, learner: LearnerPort, where: str, error: Exception) -> None:
     """A learner's program raised: a lost slice is a crash (the learner comes back on another); any other error
     is a program error, which would fail again on any slice, so the learner stops for good."""
     if injection.slice_lost(error):
@@ -166,7 +166,7 @@ class SliceLifecycle:
     else:
       self._stop(learner, f"{where}: {injection.describe(error)}", error)
 
-  def _stop(self, learner: Learner, why: str, error: Exception) -> None:
+  def _stop(self, learner: LearnerPort, why: str, error: Exception) -> None:
     """Stops the learner for good: its future removed, its unmerged work written off for the others to train, its
     slice (healthy) given to the pool, the quorum following the learners still able to report."""
     now, m = self.clock.now(), learner.index
@@ -198,7 +198,7 @@ class SliceLifecycle:
   def on_rejoin(self, event: Event) -> None:
     self.rejoin(self.learners[event.learner], event.payload)
 
-  def rejoin(self, learner: Learner, slice_index: int) -> None:
+  def rejoin(self, learner: LearnerPort, slice_index: int) -> None:
     """The learner comes back on a healthy slice (or, of several slices, takes it as one of its set)."""
     self._policy.rejoin(learner, slice_index)
 
@@ -225,15 +225,15 @@ class SliceLifecycle:
 
   # Learners of several slices ----------------------------------------------------------------------
 
-  def step_scale(self, learner: Learner) -> float:
+  def step_scale(self, learner: LearnerPort) -> float:
     """How much longer the learner's steps take on the slices it has now than on its k (1 for a full set)."""
     return self.run.slices_per_learner / len(learner.slices)
 
-  def regroup_due(self, learner: Learner, kind: str) -> bool:
+  def regroup_due(self, learner: LearnerPort, kind: str) -> bool:
     """At a part boundary: True if the learner first grows onto the slices it was given (the part waits for it)."""
     return self._policy.regroup_due(learner, kind)
 
-  def regroup(self, learner: Learner) -> None:
+  def regroup(self, learner: LearnerPort) -> None:
     """The learner's reconfiguration ended: it moves onto the slices it holds now."""
     owned = self.pool.owned(learner.index)
     learner.regroup(tuple(owned), [self.devices[s] for s in owned])
@@ -243,7 +243,7 @@ class SliceLifecycle:
   def is_lent_slice(self, slice_index: int) -> bool:
     return slice_index >= self.run.num_slices
 
-  def lend(self, slice_index: int, learner: Learner) -> bool:
+  def lend(self, slice_index: int, learner: LearnerPort) -> bool:
     """The lent slice runs the learner; False if it is in repair (the learner waits for it, down)."""
     self.lent[slice_index] = learner.index
     if self.pool.is_repairing(slice_index):  # it failed while it was not ours
@@ -251,7 +251,7 @@ class SliceLifecycle:
       return False
     return True
 
-  def start_from_theta(self, learner: Learner, where: int | tuple[int, ...], record: str = "") -> None:
+  def start_from_theta(self, learner: LearnerPort, where: int | tuple[int, ...], record: str = "") -> None:
     """The learner (re)starts on `where` (a slice, or a set of them) from the current Θ, pulled whole, with fresh
     inner state; a rejoin is recorded with `record` as its detail (a join is recorded by membership)."""
     devices = self.devices[where] if isinstance(where, int) else [self.devices[s] for s in where]

@@ -6,7 +6,7 @@ A crashed learner goes down, losing the work it has not merged, and comes back w
 
 from absl import logging
 
-from runtime.diloco.learner.learner import Failure, Learner
+from runtime.diloco.learner.interface import Failure, LearnerPort
 from runtime.diloco.learner.lifecycle import DOWN
 from runtime.diloco.slices.lifecycle import SliceLifecycle
 
@@ -26,11 +26,11 @@ class OneSlice:
       slices.pool.failed_idle(s)
       slices.repair(s, slices.crashes.repair_of(s))
 
-  def learner_crashed(self, learner: Learner, slice_j: int, repair: float | None) -> None:
+  def learner_crashed(self, learner: LearnerPort, slice_j: int, repair: float | None) -> None:
     del slice_j  # its one slice
     self.crash(learner, "scheduled crash", repair)
 
-  def crash(self, learner: Learner, why: str, repair: float | None) -> None:
+  def crash(self, learner: LearnerPort, why: str, repair: float | None) -> None:
     slices = self._slices
     now, m = slices.clock.now(), learner.index
     failure = slices.remove(learner, DOWN, "crash", why)
@@ -40,12 +40,12 @@ class OneSlice:
     if not slices.is_lent_slice(failure.slice_index):  # a lent learner waits for its own slice's repair
       slices.ask_for_slice(m)
 
-  def stopped(self, learner: Learner, failure: Failure) -> None:
+  def stopped(self, learner: LearnerPort, failure: Failure) -> None:
     del learner
     if not self._slices.is_lent_slice(failure.slice_index):
       self._slices.give_back(failure.slice_index)
 
-  def rejoin(self, learner: Learner, slice_index: int) -> None:
+  def rejoin(self, learner: LearnerPort, slice_index: int) -> None:
     """The learner comes back on a healthy slice: current Θ, fresh inner state, data after its last report.
 
     While a report it sent before failing is still on its way, the rejoin waits for that report's
@@ -62,7 +62,7 @@ class OneSlice:
     slices.pool.release(learner.index)
     slices.start_from_theta(learner, slice_index, f"on slice {slice_index}")
 
-  def regroup_due(self, learner: Learner, kind: str) -> bool:
+  def regroup_due(self, learner: LearnerPort, kind: str) -> bool:
     del learner, kind  # one slice: nothing to grow onto
     return False
 

@@ -9,7 +9,7 @@ full set. The table of both, and where the runtime differs from the simulator: d
 from typing import Sequence
 
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner.learner import Failure, Learner
+from runtime.diloco.learner.interface import Failure, LearnerPort
 from runtime.diloco.learner.lifecycle import DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING
 from runtime.diloco.slices.lifecycle import SliceLifecycle
 
@@ -32,7 +32,7 @@ class SeveralSlices:
     self._pool.failed_idle(slice_index)
     self._slices.repair(slice_index, repair)
 
-  def learner_crashed(self, learner: Learner, j: int, repair: float | None) -> None:
+  def learner_crashed(self, learner: LearnerPort, j: int, repair: float | None) -> None:
     """A scheduled crash of the learner's j-th slice (its last, if it holds fewer now), or (j < 0) of all."""
     if j < 0:
       self.crash(learner, "scheduled crash", repair)
@@ -40,11 +40,11 @@ class SeveralSlices:
     owned = self._pool.owned(learner.index)
     self._lose_slices(learner, [owned[min(j, len(owned) - 1)]], f"scheduled crash of its slice {j}", repair)
 
-  def crash(self, learner: Learner, why: str, repair: float | None) -> None:
+  def crash(self, learner: LearnerPort, why: str, repair: float | None) -> None:
     """The learner as a whole crashed: all its slices are lost."""
     self._lose_slices(learner, self._pool.owned(learner.index), why, repair)
 
-  def _lose_slices(self, learner: Learner, lost: Sequence[int], why: str, repair: float | None = None) -> None:
+  def _lose_slices(self, learner: LearnerPort, lost: Sequence[int], why: str, repair: float | None = None) -> None:
     """The learner's slices `lost` failed: they go into repair, it asks for as many back, and it reconfigures onto
     the slices left or goes down (restart, or none left)."""
     m, f = learner.index, self._run.faults
@@ -63,12 +63,12 @@ class SeveralSlices:
     for _ in lost:
       self._slices.ask_for_slice(m)
 
-  def _go_down(self, learner: Learner, why: str) -> None:
+  def _go_down(self, learner: LearnerPort, why: str) -> None:
     m = learner.index
     self._slices.remove(learner, DOWN, "crash", why)
     self._clock.cancel(lambda e: e.learner == m and e.kind == EventKind.RECONFIGURED)
 
-  def _shrink(self, learner: Learner, why: str) -> None:
+  def _shrink(self, learner: LearnerPort, why: str) -> None:
     """The learner drops the failed slice: only its part in flight is lost; it trains on after reconfig_seconds."""
     now, m = self._clock.now(), learner.index
     owned = self._pool.owned(m)
@@ -91,7 +91,7 @@ class SeveralSlices:
     if not was_reconfiguring:  # (one under way moves onto the slices it holds when it ends)
       self._clock.after(self._run.faults.reconfig_seconds, Event(EventKind.RECONFIGURED, m, resume))
 
-  def stopped(self, learner: Learner, failure: Failure) -> None:
+  def stopped(self, learner: LearnerPort, failure: Failure) -> None:
     """A learner stopped for good gives its healthy slices to the learners waiting, or to the spares."""
     del failure
     self._pool.forget(learner.index)
@@ -101,7 +101,7 @@ class SeveralSlices:
 
   # Slices given ------------------------------------------------------------------------------------
 
-  def rejoin(self, learner: Learner, slice_index: int) -> None:
+  def rejoin(self, learner: LearnerPort, slice_index: int) -> None:
     """A spare or a repaired slice reaches the learner: it rejoins, or grows onto it."""
     m, now = learner.index, self._clock.now()
     if self._pool.is_repairing(slice_index):  # the spare failed during the swap: wait for the next slice
@@ -120,7 +120,7 @@ class SeveralSlices:
                                f"{self._run.slices_per_learner}: slice {slice_index} joins the reconfiguration "
                                "under way")
 
-  def _expand(self, learner: Learner, resume: str) -> None:
+  def _expand(self, learner: LearnerPort, resume: str) -> None:
     """The learner moves onto all the slices it holds, after reconfig_seconds; then resumes (`resume`: the part
     kind it was about to dispatch, or '' to adopt Θ or wait for it)."""
     owned = self._pool.owned(learner.index)
@@ -129,13 +129,13 @@ class SeveralSlices:
                              f"onto slices {owned} of {self._run.slices_per_learner}")
     self._clock.after(self._run.faults.reconfig_seconds, Event(EventKind.RECONFIGURED, learner.index, resume))
 
-  def regroup_due(self, learner: Learner, kind: str) -> bool:
+  def regroup_due(self, learner: LearnerPort, kind: str) -> bool:
     if tuple(self._pool.owned(learner.index)) == learner.slices:
       return False
     self._expand(learner, kind)
     return True
 
-  def _rejoin_when_ready(self, learner: Learner) -> None:
+  def _rejoin_when_ready(self, learner: LearnerPort) -> None:
     """A learner that is down rejoins from Θ once it holds k slices (restart) or one (reconfigure: it grows back
     later), and its reports on their way have been merged or quarantined (their data may be served again)."""
     owned = self._pool.owned(learner.index)

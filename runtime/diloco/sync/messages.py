@@ -52,8 +52,8 @@ class Delivery:
   base: tuple[int, int] = (-1, 0)  # ... the (mirror, version) of the Θ̃ it updates,
   mirror: int = -1  # ... and the number of the mirror it makes
   fragment: int = WHOLE  # fragments > 1: the fragment whose tensors `params` holds (WHOLE: all of Θ)
-  # `params` already laid out on the learner's slices by the merge worker, as (sharding, tree); never checkpointed
-  # (a resumed learner copies `params` itself)
+  # `params` already laid out where the learner trains, by the landing it gave the merge worker (opaque here, see
+  # runtime/diloco/learner/interface.py); never checkpointed (a resumed learner copies `params` itself)
   placed: tuple[Any, PyTree] | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
