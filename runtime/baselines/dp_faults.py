@@ -222,7 +222,7 @@ def _failing_step(step_fn, state, streams, used: tuple[int, ...], mesh, injector
       raise
     return injection.describe(error)
   finally:
-    injection.settle(injector, [devices])  # (disarms it, and clears the failed program's error)
+    injector.settle([devices])  # (disarms it, and clears the failed program's error)
     for stream, position in zip(streams, positions):
       stream.restore(position)
   raise RuntimeError("a step armed to fail ran to its end")

@@ -24,8 +24,9 @@ from runtime.wire import config as wire_config
 MODES = ("decoupled", "diloco_sync", "dp", "dp_elastic", "dp_restart")
 CHECKPOINT_MODES = ("dp", "decoupled", "diloco_sync")  # modes a killed run resumes from its checkpoints in
 CLOCKS = ("virtual", "real")
-# "pathways": pathwaysutils.initialize() before JAX starts (runtime/cluster/multislice.py)
-BACKENDS = ("local", "pathways")
+# "pathways": pathwaysutils.initialize() before JAX starts (runtime/cluster/multislice.py); "ray": each learner in
+# a Ray actor of its own (runtime/diloco/learner/ray_learner.py)
+BACKENDS = ("local", "pathways", "ray")
 GRACE_KINDS = ("none", "adaptive", "fixed")
 MERGE_METHODS = ("rda", "mean")  # per tensor: radial-directional averaging, or the weighted mean
 RECEIVE_MODES = ("carry", "overwrite", "mix")  # what happens to overlap steps when Θ arrives
@@ -366,6 +367,26 @@ def _validate_model(m: ModelConfig) -> None:
         f"True for model.kind {m.kind!r} (only llama unties its output projection)")
 
 
+def _validate_ray(run: RunConfig) -> None:
+  """What the Ray backend has built so far (runtime/diloco/learner/ray_learner.py); each other setting named."""
+  check(importlib.util.find_spec("ray") is not None, "backend", run.backend,
+        "'local' unless Ray is installed (the `ray` extra: pip install -e '.[ray]')")
+  why = "with backend 'ray' (not built for it yet)"
+  check(run.mode in ("decoupled", "diloco_sync"), "mode", run.mode, f"'decoupled' or 'diloco_sync' {why}")
+  check(run.clock.kind == "virtual", "clock.kind", run.clock.kind, f"'virtual' {why}")
+  check(run.slices_per_learner == 1, "slices_per_learner", run.slices_per_learner, f"1 {why}")
+  check(run.slices in (0, run.learners), "slices", run.slices, f"0 (no spare slices) {why}")
+  check(not run.capacity.schedule, "capacity.schedule", run.capacity.schedule, f"'' (no lent slices) {why}")
+  check(run.data.assignment == "shards", "data.assignment", run.data.assignment, f"'shards' {why}")
+  check(run.compression.up == "none" and run.compression.down == "none", "compression.up",
+        run.compression.up, f"'none', and compression.down too, {why}")
+  check(run.fragments == 1, "fragments", run.fragments, f"1 {why}")
+  check(not run.checkpoints, "checkpoint_every", run.checkpoint_every,
+        f"0, and checkpoint_seconds and checkpoint_wall_seconds 0 too, {why}")
+  check(not run.faults.trace and run.faults.mtbi_chip_seconds == 0, "faults.mtbi_chip_seconds",
+        run.faults.mtbi_chip_seconds, f"0, and faults.trace '', {why} (faults.schedule is)")
+
+
 def _validate(run: RunConfig) -> None:
   m, d, i, o, c = run.model, run.data, run.inner, run.outer, run.clock
   check_types(run, "")
@@ -378,6 +399,8 @@ def _validate(run: RunConfig) -> None:
   check(run.backend != "pathways" or importlib.util.find_spec("pathwaysutils") is not None, "backend", run.backend,
         "'local' unless pathwaysutils is installed (the `pathways` extra: pip install -e '.[pathways]')")
   check(run.learners >= 1, "learners", run.learners, "an integer >= 1")
+  if run.backend == "ray":
+    _validate_ray(run)
   if run.mode != "dp":
     check(run.learners <= run.num_devices or run.share_devices, "learners", run.learners, f"at most num_devices "
           f"({run.num_devices}): each learner needs a slice of at least one device (raise num_devices, use fewer "

@@ -20,6 +20,7 @@ from runtime.config.run import RunConfig
 from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind, make_clock
 from runtime.diloco.durability import Durability
+from runtime.diloco.learner import ray_learner
 from runtime.diloco.learner.learner import Learners
 from runtime.diloco.learner.lifecycle import DOWN, RECONFIGURING, TRAINING, WAITING
 from runtime.diloco.ledger import Ledger
@@ -61,8 +62,10 @@ class Controller:
                 if f.schedule or f.mtbi_chip_seconds > 0 or real_trace else None)
     tx = inner_optimizer(run.inner, run.total_steps)
     data_service = make_data_service(run, exp)
-    self.injector = injector
     self.learners = make_learners(run, exp, devices, injector, data_service)
+    if run.backend == "ray" and injector is not None:  # each actor's programs check an injector of its own
+      injector = ray_learner.RemoteArming(self.learners)
+    self.injector = injector
     theta = jax.jit(lm.init_params, static_argnums=0, out_shardings=self.host_sharding)(
         run.model, jax.random.key(run.seed))
     shards = Shards(theta, [self.host_sharding] + [NamedSharding(devices_lib.slice_mesh([d]), P())

@@ -21,6 +21,7 @@ from runtime.data.service import DataService, LeasedStream
 from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
 from runtime.diloco.learner.interface import LearnerPort
+from runtime.diloco.learner import ray_learner
 from runtime.diloco.learner.learner import Learner
 from runtime.diloco.learner.lifecycle import ABSENT
 from runtime.diloco.run_log import RunLog
@@ -39,15 +40,21 @@ def make_data_service(run: RunConfig, exp: Experiment) -> DataService | None:
 def make_learners(run: RunConfig, exp: Experiment, devices: Sequence[list[jax.Device]],
                   injector: injection.Injector | None,
                   data_service: DataService | None) -> list[LearnerPort]:
-  """The owned learners (one per owned slice, or k) and one absent learner per slice that may be lent."""
+  """The owned learners (one per owned slice, or k) and one absent learner per slice that may be lent: in this
+  process, or each in a Ray actor (backend "ray", which arms their crashes itself: ray_learner.RemoteArming)."""
   learners = []
+  if run.backend == "ray":
+    ray_learner.ensure_cluster()
   for m in range(run.learners + run.lent_slices):
     owned, batch = m < run.learners, run.learner_batch(m)
     stream = (exp.shard(m, run.learners, batch) if data_service is None
               else LeasedStream(data_service, batch_size=batch, learner=m))
     home = learner_slices.home(m, run.slices_per_learner) if owned else -1
-    learners.append(Learner(m, home, [devices[s] for s in home] if owned else [], run, stream, injector,
-                            absent=not owned))
+    if run.backend == "ray":
+      learners.append(ray_learner.RayLearner(m, home, len(devices[home[0]]), run, stream))
+    else:
+      learners.append(Learner(m, home, [devices[s] for s in home] if owned else [], run, stream, injector,
+                              absent=not owned))
   return learners
 
 

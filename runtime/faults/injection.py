@@ -71,6 +71,15 @@ class Injector:
     with self._lock:
       self._armed[learner], self._reached[learner] = _NEVER, -1
 
+  def settle(self, slices: Sequence[Sequence[jax.Device]]) -> None:
+    """Runs one clean effectful program on each slice whose program crashed, so the failed program's
+    error token is replaced now rather than re-raised by JAX at interpreter exit."""
+    for devices in slices:
+      mesh = devices_lib.slice_mesh(devices)
+      self.disarm(0)
+      check = jax.jit(device_check(self, 0, mesh))
+      jax.block_until_ready(check(jax.device_put(np.int32(-1), NamedSharding(mesh, P()))))
+
   def check(self, learner: int, step: np.ndarray) -> None:
     """Host callback run by every device at every inner step of an armed-capable program."""
     step = int(step)
@@ -106,6 +115,15 @@ class Router:
       yield
     finally:
       self._injector = before
+
+  def settle(self, slices: Sequence[Sequence[jax.Device]]) -> None:
+    """Runs one clean effectful program on each slice whose program crashed, so the failed program's
+    error token is replaced now rather than re-raised by JAX at interpreter exit."""
+    for devices in slices:
+      mesh = devices_lib.slice_mesh(devices)
+      self.disarm(0)
+      check = jax.jit(device_check(self, 0, mesh))
+      jax.block_until_ready(check(jax.device_put(np.int32(-1), NamedSharding(mesh, P()))))
 
   def check(self, learner: int, step: np.ndarray) -> None:
     if self._injector is not None:
@@ -143,16 +161,6 @@ def device_check(injector: Injector | Router, learner: int, mesh: jax.sharding.M
     return step
 
   return lambda step: jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)(step)
-
-
-def settle(injector: Injector, slices: Sequence[Sequence[jax.Device]]) -> None:
-  """Runs one clean effectful program on each slice whose program crashed, so the failed program's
-  error token is replaced now rather than re-raised by JAX at interpreter exit."""
-  for devices in slices:
-    mesh = devices_lib.slice_mesh(devices)
-    injector.disarm(0)
-    check = jax.jit(device_check(injector, 0, mesh))
-    jax.block_until_ready(check(jax.device_put(np.int32(-1), NamedSharding(mesh, P()))))
 
 
 def describe(error: Exception) -> str:

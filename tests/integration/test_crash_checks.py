@@ -72,7 +72,7 @@ def test_a_crash_armed_at_a_parts_step_fails_it_as_a_lost_slice_and_one_past_its
         state, _ = jax.block_until_ready(round_program(fresh(), batches))
         assert int(state.step) == STEPS
     finally:
-      injection.settle(injector, [jax.devices()[:1]])
+      injector.settle([jax.devices()[:1]])
 
 
 def test_a_crash_armed_while_a_program_runs_fails_every_device_at_the_same_step():

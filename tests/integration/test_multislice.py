@@ -91,7 +91,8 @@ def test_the_pathways_backend_is_validated_and_initializes_pathwaysutils_only_wh
   modes.prepare(tiny_config)
   assert calls == ["initialize"]
   tiny_config.backend = "tpu"
-  with pytest.raises(ConfigError, match="'backend' = 'tpu' is invalid: allowed one of \\('local', 'pathways'\\)"):
+  allowed = "allowed one of \\('local', 'pathways', 'ray'\\)"
+  with pytest.raises(ConfigError, match=f"'backend' = 'tpu' is invalid: {allowed}"):
     modes.prepare(tiny_config)
   tiny_config.backend = "pathways"
   monkeypatch.setattr("importlib.util.find_spec", lambda name: None)

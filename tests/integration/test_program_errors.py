@@ -90,7 +90,7 @@ def _crash_error() -> Exception:
   except jax.errors.JaxRuntimeError as error:
     return error
   finally:
-    injection.settle(injector, [mesh.devices.tolist()])
+    injector.settle([mesh.devices.tolist()])
   raise AssertionError("the armed program did not fail")
 
 

@@ -294,7 +294,7 @@ class SliceLifecycle:
   def settle(self) -> None:
     """The injector lets go of the slices whose programs failed (the run is over)."""
     if self.injector is not None:
-      injection.settle(self.injector, [self.devices[s] for s in self.pool.take_crashed()])
+      self.injector.settle([self.devices[s] for s in self.pool.take_crashed()])
 
   def lendable(self) -> list[int]:
     """The slices that may be lent and are not lent now."""

@@ -1,0 +1,339 @@
+"""A learner in a Ray actor (`backend="ray"`): the actor owns its devices, train state, data stream, parts in flight,
+report capture and fault injection; the controller keeps the clock, syncer, budget, rounds, membership and run log,
+and reaches the learner through the same LearnerPort (runtime/diloco/learner/interface.py) as one in its process.
+
+The actor runs the in-process Learner itself, so every program, batch and report is the one the in-process learner
+would make: under the virtual clock a run is the same, bit for bit. Host values cross: Θ goes to the actor as NumPy
+arrays (laid out on its host device there, as the syncer holds it), a report comes back as NumPy arrays, a part as
+its record. Each call returns the learner's book figures with its result, so reading them costs no round trip.
+
+What is built: learners of one slice each on simulated CPU devices, the virtual clock, crashes of a learner or its
+slice (armed in the actor's own injector) and their rejoin on the same slice. Refused with a named field (the run's
+config check): the real clock, several slices per learner, spare or lent slices, the data service, compression,
+fragments and checkpoints.
+"""
+
+import atexit
+import dataclasses
+import os
+import tempfile
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from runtime.cluster import devices as devices_lib
+from runtime.config.run import RunConfig
+from runtime.diloco.learner.interface import Failure
+from runtime.diloco.learner.parts import RoundPart
+from runtime.diloco.sync.messages import Delivery, Report
+
+PyTree = Any
+
+# The book's figures each call brings back (completions and intervals, which grow, are asked for when read)
+_FIGURES = ("status", "round", "base_version", "tokens", "reports_out", "total_steps", "busy_seconds")
+
+
+@dataclasses.dataclass(frozen=True)
+class PartRecord:
+  """A part dispatched in the actor, as the controller sees it (interface.Part)."""
+
+  kind: str
+  steps: int
+  tokens: int
+  started_at: float
+  modeled_seconds: float
+  queued_seconds: float
+  future: Any = None  # (the virtual clock awaits nothing)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Theta:
+  """Θ on its way to the actor, as NumPy arrays."""
+
+  tree: PyTree
+
+
+def _host_tree(tree: PyTree) -> PyTree:
+  return None if tree is None else jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+class LearnerHost:
+  """The actor's side: one in-process Learner on the actor's own devices, and its fault injector."""
+
+  def __init__(self, index: int, slices: tuple[int, ...], num_devices: int, run: RunConfig, stream: Any, absent: bool):
+    from runtime.diloco.learner.learner import Learner  # pylint: disable=g-import-not-at-top
+    from runtime.faults import injection  # pylint: disable=g-import-not-at-top
+    f = run.faults
+    self._injector = (injection.Injector(run.learners + run.lent_slices, f.schedule)
+                      if f.schedule or f.mtbi_chip_seconds > 0 else None)
+    # The actor's programs check its own injector for as long as the actor lives (its process trains no other run):
+    # the routing is entered and held here (let go of, the context would end and route back to none)
+    self._routing = injection.ROUTER.routing(self._injector)
+    self._routing.__enter__()  # pylint: disable=unnecessary-dunder-call
+    self._devices = jax.devices()[:num_devices]
+    self._host = NamedSharding(devices_lib.slice_mesh([devices_lib.host_device()]), P())
+    self._learner = Learner(index, slices, [self._devices], run, stream, self._injector, absent=absent)
+
+  def call(self, name: str, args: tuple, kwargs: dict) -> tuple[Any, dict]:
+    """Runs the learner's method with Θ laid out on the host as the syncer holds it; its result as host values, and
+    the book's figures after it."""
+    args = tuple(self._inbound(a) for a in args)
+    if name == "rejoin":  # on its slice's devices, which are the actor's
+      args = (args[0], self._devices, *args[1:])
+    result = getattr(self._learner, name)(*args, **kwargs)
+    return self._outbound(result), self.figures()
+
+  def read(self, name: str) -> Any:
+    return getattr(self._learner, name)
+
+  def figures(self) -> dict:
+    learner = self._learner
+    return dict({k: getattr(learner.book, k) for k in _FIGURES}, slices=learner.slices,
+                slice_index=learner.slice_index, parts=tuple(p.kind for p in learner.parts),
+                has_theta=learner.inbox is not None)
+
+  def arm(self, how: str, *args) -> None:
+    """The controller's arming of a crash, done in the injector the actor's programs check."""
+    getattr(self._injector, how)(*args)
+
+  def settle(self) -> None:
+    """The run is over: its injector lets go of the actor's slice if a program failed there."""
+    if self._injector is not None:
+      self._injector.settle([self._devices])
+
+  def _inbound(self, value: Any) -> Any:
+    if isinstance(value, Delivery) and value.params is not None:
+      return dataclasses.replace(value, params=self._on_host(value.params))
+    return self._on_host(value.tree) if isinstance(value, _Theta) else value
+
+  def _on_host(self, tree: PyTree) -> PyTree:
+    return jax.device_put(tree, self._host)
+
+  @staticmethod
+  def _outbound(result: Any) -> Any:
+    if isinstance(result, Report):
+      return dataclasses.replace(result, params=_host_tree(result.params))
+    if isinstance(result, RoundPart):  # its record
+      return PartRecord(result.kind, result.steps, result.tokens, result.started_at, result.modeled_seconds,
+                        result.queued_seconds)
+    return result
+
+
+class RayLearner:
+  """The controller's side of a learner in an actor: a LearnerPort whose calls run there, in the order made."""
+
+  def __init__(self, index: int, slices: tuple[int, ...], num_devices: int, run: RunConfig, stream: Any,
+               absent: bool = False):
+    import ray  # pylint: disable=g-import-not-at-top
+    self._ray = ray
+    self.index, self.tokens_per_batch = index, stream.tokens_per_batch
+    env = dict(XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}", JAX_PLATFORMS="cpu")
+    actor = ray.remote(LearnerHost).options(num_cpus=0, runtime_env=dict(env_vars=env))
+    self._actor = actor.remote(index, slices, num_devices, run, stream, absent)
+    self._delivered: Delivery | None = None
+    self._figures: dict = ray.get(self._actor.figures.remote())
+
+  # The book's figures, as of the last call
+  status = property(lambda self: self._figures["status"])
+  round = property(lambda self: self._figures["round"])
+  base_version = property(lambda self: self._figures["base_version"])
+  tokens = property(lambda self: self._figures["tokens"])
+  reports_out = property(lambda self: self._figures["reports_out"])
+  total_steps = property(lambda self: self._figures["total_steps"])
+  busy_seconds = property(lambda self: self._figures["busy_seconds"])
+  slices = property(lambda self: tuple(self._figures["slices"]))
+  slice_index = property(lambda self: self._figures["slice_index"])
+  completions = property(lambda self: self._read("completions"))
+  intervals = property(lambda self: self._read("intervals"))
+
+  @property
+  def inbox(self) -> Delivery | None:
+    return self._delivered if self._figures["has_theta"] else None
+
+  def _read(self, name: str) -> Any:
+    return self._ray.get(self._actor.read.remote(name))
+
+  def _call(self, name: str, *args, **kwargs) -> Any:
+    try:
+      result, self._figures = self._ray.get(self._actor.call.remote(name, args, kwargs))
+    except self._ray.exceptions.RayTaskError as error:
+      raise error.cause from None  # the learner's own error, as the controller handles it in process
+    return result
+
+  def arm(self, how: str, *args) -> None:
+    self._ray.get(self._actor.arm.remote(how, *args))
+
+  def settle(self) -> None:
+    self._ray.get(self._actor.settle.remote())
+
+  # Parts in flight
+  def parts_in_flight(self) -> int:
+    return len(self._figures["parts"])
+
+  def newest_part(self) -> str:
+    return self._figures["parts"][-1] if self._figures["parts"] else ""
+
+  def resume_kind(self) -> str:
+    return self._figures["parts"][0] if self._figures["parts"] else ""
+
+  def has_theta(self) -> bool:
+    return self._figures["has_theta"]
+
+  def parts_end_at(self, seconds_per_step: float) -> float:
+    return self._call("parts_end_at", seconds_per_step)
+
+  def seconds_per_step(self, part: Any) -> float:
+    return self._call("seconds_per_step", part)
+
+  def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
+    return self._call("needs_theta_at", now, seconds_per_step)
+
+  def busy_fraction(self, now: float) -> float:
+    return self._call("busy_fraction", now)
+
+  def device_idle(self) -> float:
+    return self._call("device_idle")
+
+  def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False,
+               schedule_at: int | None = None, ahead: int | None = None) -> PartRecord:
+    return self._call("dispatch", kind, steps, now, modeled_seconds, armed=armed, schedule_at=schedule_at,
+                      ahead=ahead)
+
+  def collect(self, now: float) -> PartRecord:
+    return self._call("collect", now)
+
+  # Reports up, Θ down
+  def corrupt_next_report(self, how: str) -> None:
+    self._call("corrupt_next_report", how)
+
+  def capture_report(self) -> None:
+    self._call("capture_report")
+
+  def report(self, now: float) -> Report:
+    return self._call("report", now)
+
+  def report_sent(self, report: Report) -> None:
+    self._call("report_sent", dataclasses.replace(report, params=None))  # (its book reads the counts only)
+
+  def report_settled(self, report: Report, merged: bool) -> None:
+    self._call("report_settled", dataclasses.replace(report, params=None), merged)
+
+  def owed_fragment(self) -> int:
+    return self._call("owed_fragment")
+
+  def live_bases(self) -> tuple[tuple[int, int], ...]:
+    return self._call("live_bases")
+
+  def theta_landing(self) -> Callable[[PyTree], Any] | None:
+    return None  # (the actor lays Θ out itself when it adopts it)
+
+  def deliver(self, delivery: Delivery) -> bool:
+    kept = self._call("deliver", dataclasses.replace(delivery, params=_host_tree(delivery.params), placed=None))
+    if kept:
+      self._delivered = delivery
+    return kept
+
+  def adopt(self, now: float) -> int:
+    return self._call("adopt", now)
+
+  # Its status, when nothing runs
+  def finish(self, now: float) -> None:
+    self._call("finish", now)
+
+  def wait(self, now: float) -> None:
+    self._call("wait", now)
+
+  def reconfigure(self, now: float) -> None:
+    self._call("reconfigure", now)
+
+  def await_repair(self, now: float) -> None:
+    self._call("await_repair", now)
+
+  # Placement, failure and return (the actor's devices are its one slice's)
+  def move_to(self, slices: int | tuple[int, ...], devices: list) -> None:
+    del slices, devices
+    raise NotImplementedError("backend 'ray': a learner keeps its one slice (config check)")
+
+  def warm_up(self, theta_host: PyTree, host_sharding: Any, where: tuple | None = None) -> None:
+    del theta_host, host_sharding, where
+    raise NotImplementedError("backend 'ray': the real clock's warm-up (config check)")
+
+  def reset(self, theta_host: PyTree, version: int, now: float) -> None:
+    self._call("reset", _Theta(_host_tree(theta_host)), version, now)
+
+  def regroup(self, slices: tuple[int, ...], groups: list[list[Any]]) -> None:
+    del slices, groups
+    raise NotImplementedError("backend 'ray': a learner keeps its one slice (config check)")
+
+  def fail(self, now: float, status: str = "down") -> Failure:
+    return self._call("fail", now, status)
+
+  def lose_part(self, now: float) -> Failure:
+    return self._call("lose_part", now)
+
+  def leave(self, now: float) -> Failure:
+    return self._call("leave", now)
+
+  def rejoin(self, slice_index: int, devices: list[Any], theta_host: PyTree, version: int, now: float) -> None:
+    del devices  # (the actor's own)
+    self._call("rejoin", slice_index, _Theta(_host_tree(theta_host)), version, now)
+
+  def give_back_unreported(self) -> None:
+    self._call("give_back_unreported")
+
+  def join_schedule(self, total_steps: int) -> None:
+    self._call("join_schedule", total_steps)
+
+  def served(self, start: int, end: int) -> Any:
+    return self._call("served", start, end)
+
+  def leases(self) -> list[int]:
+    return self._call("leases")
+
+  # Checkpoints (refused by the config check)
+  def snapshot(self, packer: Any) -> dict:
+    del packer
+    raise NotImplementedError("backend 'ray': checkpoints (config check)")
+
+  def restore(self, saved: dict, unpacker: Any, theta_host: PyTree) -> None:
+    del saved, unpacker, theta_host
+    raise NotImplementedError("backend 'ray': checkpoints (config check)")
+
+  def close(self) -> None:
+    """Its data stream stops; the actor answers for its book until the last handle to it goes (Ray ends it then)."""
+    self._call("close")
+
+
+class RemoteArming:
+  """The controller's fault injector under backend "ray": arming a learner's crash arms it in that learner's actor,
+  whose programs check it there."""
+
+  def __init__(self, learners: list[RayLearner]):
+    self._learners = learners
+
+  def arm(self, learner: int, step: int | None) -> None:
+    self._learners[learner].arm("arm", learner, step)
+
+  def arm_next(self, learner: int) -> None:
+    self._learners[learner].arm("arm_next", learner)
+
+  def disarm(self, learner: int) -> None:
+    self._learners[learner].arm("disarm", learner)
+
+  def settle(self, slices: list) -> None:
+    del slices  # (the controller's devices ran none of the learners' programs: each actor settles its own)
+    for learner in self._learners:
+      learner.settle()
+
+
+def ensure_cluster() -> None:
+  """A local Ray cluster for this process, unless one is running: sized to the machine, no dashboard, its files
+  under a temporary directory, stopped when the process ends."""
+  import ray  # pylint: disable=g-import-not-at-top
+  if ray.is_initialized():
+    return
+  ray.init(include_dashboard=False, num_cpus=os.cpu_count(), log_to_driver=False, configure_logging=False,
+           _temp_dir=tempfile.mkdtemp(prefix="ray-"))
+  atexit.register(ray.shutdown)

@@ -1,0 +1,73 @@
+"""Learners in Ray actors (backend "ray", runtime/diloco/learner/ray_learner.py): under the virtual clock a run is the
+in-process run, record for record and Θ bit for bit, faults included; what is not built yet is refused by name."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from configs import smoke
+from runtime.errors import ConfigError
+from runtime.experiments import modes
+from runtime.trained.saved import load_model
+
+ray = pytest.importorskip("ray")
+
+
+def _smoke(backend: str, schedule: str = ""):
+  config = smoke.get_config()
+  config.learners, config.num_devices, config.backend = 2, 4, backend  # 2 learners x 2 simulated devices
+  config.checkpoint_wall_seconds = 0.0
+  config.faults.schedule = schedule
+  return config
+
+
+def _records(run_dir) -> list[dict]:
+  """The run's records without wall time (which no two runs share)."""
+  return [{k: v for k, v in json.loads(line).items() if k != "wall_time" and not k.startswith("host_")}
+          for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+  """One local cluster for the module's runs (the runs would start it themselves; started here, it is shared)."""
+  from runtime.diloco.learner import ray_learner  # pylint: disable=g-import-not-at-top
+  ray_learner.ensure_cluster()
+  yield
+  ray.shutdown()
+
+
+@pytest.mark.parametrize("schedule", ["", "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan"],
+                         ids=["fault_free", "crash_and_corrupt_report"])
+def test_learners_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_path, schedule):
+  del cluster
+  results = {b: modes.train(_smoke(b, schedule), tmp_path / b)[0] for b in ("ray", "local")}
+  remote, local = _records(tmp_path / "ray" / "decoupled"), _records(tmp_path / "local" / "decoupled")
+  assert len(remote) >= 9 and remote == local
+  assert sum(r["kind"] == "merge" for r in remote) >= 6
+  faults = [r["fault"] for r in remote if r["kind"] == "fault"]
+  assert faults == ([] if not schedule else ["corrupt", "quarantine", "crash", "rejoin"])
+  if schedule:  # the crash was raised inside the actor's program and surfaced as the device error it is
+    crash = next(r for r in remote if r.get("fault") == "crash")
+    assert "SliceCrash: injected crash of learner 1's slice" in crash["detail"]
+  assert results["ray"].final_eval_loss == results["local"].final_eval_loss
+  thetas = [load_model(tmp_path / b / "decoupled").params for b in ("ray", "local")]
+  jax.tree.map(np.testing.assert_array_equal, *thetas)
+
+
+@pytest.mark.parametrize("field, value, allowed", [
+    ("clock.kind", "real", "'virtual' with backend 'ray'"),
+    ("slices_per_learner", 2, "1 with backend 'ray'"),
+    ("checkpoint_every", 5, "checkpoint_seconds and checkpoint_wall_seconds 0 too"),
+    ("fragments", 2, "1 with backend 'ray'"),
+])
+def test_what_the_ray_backend_has_not_built_is_refused_naming_the_field(field, value, allowed):
+  config = _smoke("ray")
+  section, _, name = field.rpartition(".")
+  setattr(config[section] if section else config, name, value)
+  if field == "slices_per_learner":
+    config.num_devices = 8
+  with pytest.raises(ConfigError) as refused:
+    modes.prepare(config)
+  assert field in str(refused.value) and allowed in str(refused.value)
