@@ -37,9 +37,10 @@ class Packer:
 
   def __init__(self, schedule: tuple[Fault, ...], treedefs: dict[str, Any], codecs: Sequence[Codec] = ()):
     self._schedule, self._codecs = schedule, tuple(codecs)
-    self._treedefs = treedefs  # kind -> the treedef that trees of that kind have ("params", "train", ...)
+    self.treedefs = treedefs  # kind -> the treedef that trees of that kind have ("params", "train", ...)
     self._keys: dict[int, str] = {}  # id(array) -> key
     self.groups: dict[str, dict[str, jax.Array]] = {}  # holds every packed array, so that ids stay unique
+    self.failed: dict[str, str] = {}  # groups packed elsewhere (`fetched`) whose program failed there: the error
 
   def tree(self, tree: PyTree | None, kind: str, group: str = HOST) -> dict | None:
     """A pytree of kind `kind` ("dict" or a key of the treedefs) as {"kind", "keys"}; its arrays go to `group`."""
@@ -51,9 +52,9 @@ class Packer:
       leaves = [tree[name] for name in names]
     else:
       leaves, treedef = jax.tree.flatten(tree)
-      kind = next((k for k in self._treedefs if k.partition("/")[0] == kind and self._treedefs[k] == treedef), kind)
-      if treedef != self._treedefs[kind]:  # (a fragment of kind "params" is of kind "params/<p>")
-        raise ValueError(f"snapshot: a '{kind}' tree has structure {treedef}, expected {self._treedefs[kind]}")
+      kind = next((k for k in self.treedefs if k.partition("/")[0] == kind and self.treedefs[k] == treedef), kind)
+      if treedef != self.treedefs[kind]:  # (a fragment of kind "params" is of kind "params/<p>")
+        raise ValueError(f"snapshot: a '{kind}' tree has structure {treedef}, expected {self.treedefs[kind]}")
     keys = []
     for leaf in leaves:
       if id(leaf) not in self._keys:
@@ -61,6 +62,14 @@ class Packer:
         self.groups.setdefault(group, {})[self._keys[id(leaf)]] = leaf
       keys.append(self._keys[id(leaf)])
     return {"kind": kind, "keys": keys, **({"names": names} if names else {})}
+
+  def fetched(self, saved: Any, arrays: dict[str, np.ndarray], failed: dict[str, str], prefix: str) -> Any:
+    """A part packed and fetched by a Packer of its own elsewhere (a learner in another process): its JSON with its
+    arrays' keys under `prefix`, those arrays held here (in group `prefix`), and the groups whose program failed
+    there with their errors."""
+    self.groups.setdefault(prefix, {}).update({prefix + key: array for key, array in arrays.items()})
+    self.failed.update(failed)
+    return _rekeyed(saved, lambda key: prefix + key)
 
   def value(self, x: Any) -> Any:
     """JSON for a message, event payload or plain value."""
@@ -94,7 +103,7 @@ class Unpacker:
   def __init__(self, arrays: dict[str, np.ndarray], failed: dict[str, str], schedule: tuple[Fault, ...],
                treedefs: dict[str, Any], host_sharding: jax.sharding.Sharding, codecs: Sequence[Codec] = ()):
     self._arrays, self.failed, self._codecs = arrays, failed, {c.tag: c for c in codecs}
-    self._schedule, self._treedefs, self._host = schedule, treedefs, host_sharding
+    self._schedule, self.treedefs, self._host = schedule, treedefs, host_sharding
     self._placed: dict[tuple, PyTree] = {}  # the same arrays placed the same way are one tree
 
   def tree(self, encoded: dict | None, place: Callable[[np.ndarray, int], jax.Array] | None = None,
@@ -112,8 +121,15 @@ class Unpacker:
       if encoded["kind"] == "dict":
         self._placed[key] = dict(zip(encoded["names"], leaves))
       else:
-        self._placed[key] = jax.tree.unflatten(self._treedefs[encoded["kind"]], leaves)
+        self._placed[key] = jax.tree.unflatten(self.treedefs[encoded["kind"]], leaves)
     return self._placed[key]
+
+  def arrays_named(self, saved: Any) -> dict[str, np.ndarray]:
+    """The arrays that a part of the snapshot names in its trees (to restore that part elsewhere); a failed group's
+    are none."""
+    keys = []
+    _rekeyed(saved, lambda key: keys.append(key) or key)
+    return {key: self._arrays[key] for key in keys if key in self._arrays}
 
   def value(self, x: Any) -> Any:
     if isinstance(x, dict) and len(x) == 1:
@@ -125,6 +141,17 @@ class Unpacker:
       if tag == "tuple":
         return tuple(self.value(v) for v in body)
     return x
+
+
+def _rekeyed(saved: Any, rename: Callable[[str], str]) -> Any:
+  """The JSON `saved` with each packed tree's array keys renamed."""
+  if isinstance(saved, dict):
+    if isinstance(saved.get("keys"), list) and "kind" in saved:  # a packed tree (Packer.tree)
+      return dict(saved, keys=[rename(key) for key in saved["keys"]])
+    return {name: _rekeyed(value, rename) for name, value in saved.items()}
+  if isinstance(saved, (list, tuple)):
+    return type(saved)(_rekeyed(value, rename) for value in saved)
+  return saved
 
 
 def copied(tree: PyTree) -> PyTree:

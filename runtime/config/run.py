@@ -381,8 +381,6 @@ def _validate_ray(run: RunConfig) -> None:
   check(run.compression.up == "none" and run.compression.down == "none", "compression.up",
         run.compression.up, f"'none', and compression.down too, {why}")
   check(run.fragments == 1, "fragments", run.fragments, f"1 {why}")
-  check(not run.checkpoints, "checkpoint_every", run.checkpoint_every,
-        f"0, and checkpoint_seconds and checkpoint_wall_seconds 0 too, {why}")
   check(not run.faults.trace and run.faults.mtbi_chip_seconds == 0, "faults.mtbi_chip_seconds",
         run.faults.mtbi_chip_seconds, f"0, and faults.trace '', {why} (faults.schedule is)")
 

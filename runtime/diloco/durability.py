@@ -99,10 +99,11 @@ class Durability:
     meta = dict(layout=LAYOUT, merges_done=self.merges_done, finished=self.finished,
                 **{key: part.snapshot(packer) for key, part in self._parts})
     meta = json.loads(json.dumps(meta))  # a copy, made now: the run goes on changing the lists it was built from
-    groups = packer.groups
+    groups, failed_elsewhere = packer.groups, dict(packer.failed)
 
     def gather():
       arrays, failed = snapshot_lib.fetch(groups)
+      failed.update(failed_elsewhere)
       shapes = {k: [list(np.shape(a)), np.asarray(a).dtype.name] for k, a in arrays.items()}
       return arrays, dict(meta, failed=failed, arrays=shapes)
 

@@ -1,5 +1,6 @@
 """Learners in Ray actors (backend "ray", runtime/diloco/learner/ray_learner.py): under the virtual clock a run is the
-in-process run, record for record and Θ bit for bit, faults included; what is not built yet is refused by name."""
+in-process run, record for record and Θ bit for bit, faults included, and a killed driver's rerun resumes to the same
+bits; what is not built yet is refused by name."""
 
 import json
 
@@ -11,6 +12,7 @@ from configs import smoke
 from runtime.errors import ConfigError
 from runtime.experiments import modes
 from runtime.trained.saved import load_model
+from test_resume import assert_resumes_bit_identical
 
 ray = pytest.importorskip("ray")
 
@@ -56,10 +58,20 @@ def test_learners_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_pa
   jax.tree.map(np.testing.assert_array_equal, *thetas)
 
 
+def test_the_driver_killed_and_rerun_resumes_with_new_actors_bit_identical(cluster, tmp_path, monkeypatch):
+  # Killed as it is about to save the checkpoints of merges 2 and 4 (after the crash at t=25, before its rejoin):
+  # each rerun restores every learner into a new actor, from the arrays its old actor packed.
+  del cluster
+  config = _smoke("ray", "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan")
+  config.checkpoint_every = 1
+  result = assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills=(2, 3))
+  assert result.extras["faults"] == 2  # (the crash and the corrupt report; their rejoin and quarantine follow)
+
+
 @pytest.mark.parametrize("field, value, allowed", [
     ("clock.kind", "real", "'virtual' with backend 'ray'"),
     ("slices_per_learner", 2, "1 with backend 'ray'"),
-    ("checkpoint_every", 5, "checkpoint_seconds and checkpoint_wall_seconds 0 too"),
+    ("data.assignment", "service", "'shards' with backend 'ray'"),
     ("fragments", 2, "1 with backend 'ray'"),
 ])
 def test_what_the_ray_backend_has_not_built_is_refused_naming_the_field(field, value, allowed):

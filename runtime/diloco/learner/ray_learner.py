@@ -9,8 +9,9 @@ its record. Each call returns the learner's book figures with its result, so rea
 
 What is built: learners of one slice each on simulated CPU devices, the virtual clock, crashes of a learner or its
 slice (armed in the actor's own injector) and their rejoin on the same slice. Refused with a named field (the run's
-config check): the real clock, several slices per learner, spare or lent slices, the data service, compression,
-fragments and checkpoints.
+config check): the real clock, several slices per learner, spare or lent slices, the data service, compression and
+fragments. Checkpoints: the actor packs its learner's part and the controller's packer takes it in, so a killed
+driver's rerun resumes with new actors.
 """
 
 import atexit
@@ -23,10 +24,12 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.cluster import devices as devices_lib
 from runtime.config.run import RunConfig
 from runtime.diloco.learner.interface import Failure
 from runtime.diloco.learner.parts import RoundPart
+from runtime.diloco.sync import messages
 from runtime.diloco.sync.messages import Delivery, Report
 
 PyTree = Any
@@ -74,6 +77,7 @@ class LearnerHost:
     self._routing.__enter__()  # pylint: disable=unnecessary-dunder-call
     self._devices = jax.devices()[:num_devices]
     self._host = NamedSharding(devices_lib.slice_mesh([devices_lib.host_device()]), P())
+    self._schedule = f.schedule
     self._learner = Learner(index, slices, [self._devices], run, stream, self._injector, absent=absent)
 
   def call(self, name: str, args: tuple, kwargs: dict) -> tuple[Any, dict]:
@@ -97,6 +101,21 @@ class LearnerHost:
   def arm(self, how: str, *args) -> None:
     """The controller's arming of a crash, done in the injector the actor's programs check."""
     getattr(self._injector, how)(*args)
+
+  def snapshot(self, treedefs: dict) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]:
+    """The learner's part of a checkpoint, packed here: its JSON, its arrays on the host, and the groups whose
+    program failed (the controller's packer takes them in: snapshot.Packer.fetched)."""
+    packer = snapshot_lib.Packer(self._schedule, treedefs, messages.CODECS)
+    saved = self._learner.snapshot(packer)
+    arrays, failed = snapshot_lib.fetch(packer.groups)
+    return saved, arrays, failed
+
+  def restore(self, saved: dict, arrays: dict[str, np.ndarray], failed: dict[str, str], treedefs: dict,
+              theta: "_Theta") -> dict:
+    """The learner as its checkpoint saw it, from the arrays its part names; the book's figures after."""
+    unpacker = snapshot_lib.Unpacker(arrays, failed, self._schedule, treedefs, self._host, messages.CODECS)
+    self._learner.restore(saved, unpacker, self._on_host(theta.tree))
+    return self.figures()
 
   def settle(self) -> None:
     """The run is over: its injector lets go of the actor's slice if a program failed there."""
@@ -292,14 +311,15 @@ class RayLearner:
   def leases(self) -> list[int]:
     return self._call("leases")
 
-  # Checkpoints (refused by the config check)
-  def snapshot(self, packer: Any) -> dict:
-    del packer
-    raise NotImplementedError("backend 'ray': checkpoints (config check)")
+  # Checkpoints: the actor packs its part, the controller's packer takes it in under the learner's own keys
+  def snapshot(self, packer: snapshot_lib.Packer) -> dict:
+    saved, arrays, failed = self._ray.get(self._actor.snapshot.remote(packer.treedefs))
+    return packer.fetched(saved, arrays, failed, prefix=f"learner{self.index}:")
 
-  def restore(self, saved: dict, unpacker: Any, theta_host: PyTree) -> None:
-    del saved, unpacker, theta_host
-    raise NotImplementedError("backend 'ray': checkpoints (config check)")
+  def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker, theta_host: PyTree) -> None:
+    self._figures = self._ray.get(self._actor.restore.remote(
+        saved, unpacker.arrays_named(saved), unpacker.failed, unpacker.treedefs, _Theta(_host_tree(theta_host))))
+    self._delivered = unpacker.value(saved["inbox"])  # (its Θ, should it have to go again)
 
   def close(self) -> None:
     """Its data stream stops; the actor answers for its book until the last handle to it goes (Ray ends it then)."""
