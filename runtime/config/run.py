@@ -373,7 +373,6 @@ def _validate_ray(run: RunConfig) -> None:
         "'local' unless Ray is installed (the `ray` extra: pip install -e '.[ray]')")
   why = "with backend 'ray' (not built for it yet)"
   check(run.mode in ("decoupled", "diloco_sync"), "mode", run.mode, f"'decoupled' or 'diloco_sync' {why}")
-  check(run.clock.kind == "virtual", "clock.kind", run.clock.kind, f"'virtual' {why}")
   check(run.slices_per_learner == 1, "slices_per_learner", run.slices_per_learner, f"1 {why}")
   check(run.slices in (0, run.learners), "slices", run.slices, f"0 (no spare slices) {why}")
   check(not run.capacity.schedule, "capacity.schedule", run.capacity.schedule, f"'' (no lent slices) {why}")

@@ -68,8 +68,21 @@ def test_the_driver_killed_and_rerun_resumes_with_new_actors_bit_identical(clust
   assert result.extras["faults"] == 2  # (the crash and the corrupt report; their rejoin and quarantine follow)
 
 
+def test_under_the_real_clock_learners_in_actors_train_to_the_budget_through_a_crash(cluster, tmp_path):
+  # A part's future is the actor's part_done; the crash is armed at an inner step, raised in the actor's program.
+  del cluster
+  config = _smoke("ray", "crash:learner=1,step=24,repair=0.5")
+  config.clock.kind = "real"
+  result = modes.train(config, tmp_path)[0]
+  records = _records(tmp_path / "decoupled")
+  assert result.tokens == config.total_steps * config.data.batch_size * config.data.seq_len
+  crashes = [r["detail"] for r in records if r.get("fault") == "crash"]
+  assert len(crashes) == 1 and "SliceCrash: injected crash of learner 1's slice at inner step 24" in crashes[0]
+  assert result.extras["merges"] >= 6 and result.final_eval_loss < 4.0  # (uniform over bytes: 5.5)
+
+
 @pytest.mark.parametrize("field, value, allowed", [
-    ("clock.kind", "real", "'virtual' with backend 'ray'"),
+    ("faults.mtbi_chip_seconds", 1e5, "0, and faults.trace '', with backend 'ray'"),
     ("slices_per_learner", 2, "1 with backend 'ray'"),
     ("data.assignment", "service", "'shards' with backend 'ray'"),
     ("fragments", 2, "1 with backend 'ray'"),

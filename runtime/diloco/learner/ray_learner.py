@@ -7,15 +7,18 @@ would make: under the virtual clock a run is the same, bit for bit. Host values 
 arrays (laid out on its host device there, as the syncer holds it), a report comes back as NumPy arrays, a part as
 its record. Each call returns the learner's book figures with its result, so reading them costs no round trip.
 
-What is built: learners of one slice each on simulated CPU devices, the virtual clock, crashes of a learner or its
-slice (armed in the actor's own injector) and their rejoin on the same slice. Refused with a named field (the run's
-config check): the real clock, several slices per learner, spare or lent slices, the data service, compression and
-fragments. Checkpoints: the actor packs its learner's part and the controller's packer takes it in, so a killed
-driver's rerun resumes with new actors.
+What is built: learners of one slice each on simulated CPU devices, both clocks (under the real one a part's future
+is the actor's `part_done`, awaited off the actor's thread), crashes of a learner or its slice (armed in the actor's
+own injector) and their rejoin on the same slice. Refused with a named field (the run's config check): several
+slices per learner, spare or lent slices, the data service, compression, fragments and crash traces. Checkpoints:
+the actor packs its learner's part and the controller's packer takes it in, so a killed driver's rerun resumes with
+new actors.
 """
 
+import asyncio
 import atexit
 import dataclasses
+import itertools
 import os
 import tempfile
 from typing import Any, Callable
@@ -48,7 +51,22 @@ class PartRecord:
   started_at: float
   modeled_seconds: float
   queued_seconds: float
+  serial: int = -1  # (real clock) the actor's number for the part, whose end `future` awaits
   future: Any = None  # (the virtual clock awaits nothing)
+
+
+class _PartDone:
+  """A part's future on the controller's side (real clock): the clock's waiter blocks on it as on a part's device
+  arrays (jax.block_until_ready calls `block_until_ready` on it), and it returns when the part has finished in the
+  actor, raising its device error if it failed."""
+
+  def __init__(self, done: Any):
+    self._done = done  # the ObjectRef of the actor's `part_done`
+
+  def block_until_ready(self) -> "_PartDone":
+    import ray  # pylint: disable=g-import-not-at-top
+    ray.get(self._done)
+    return self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +96,8 @@ class LearnerHost:
     self._devices = jax.devices()[:num_devices]
     self._host = NamedSharding(devices_lib.slice_mesh([devices_lib.host_device()]), P())
     self._schedule = f.schedule
+    self._running: dict[int, Any] = {}  # (real clock) serial -> the device results of a part not yet awaited
+    self._serials = itertools.count() if run.clock.kind == "real" else None
     self._learner = Learner(index, slices, [self._devices], run, stream, self._injector, absent=absent)
 
   def call(self, name: str, args: tuple, kwargs: dict) -> tuple[Any, dict]:
@@ -86,8 +106,20 @@ class LearnerHost:
     args = tuple(self._inbound(a) for a in args)
     if name == "rejoin":  # on its slice's devices, which are the actor's
       args = (args[0], self._devices, *args[1:])
+    if name == "warm_up":  # for the host here
+      args = (args[0], self._host, *args[2:])
     result = getattr(self._learner, name)(*args, **kwargs)
-    return self._outbound(result), self.figures()
+    out = self._outbound(result)
+    if name == "dispatch" and self._serials is not None:
+      out = dataclasses.replace(out, serial=next(self._serials))
+      self._running[out.serial] = result.future
+    return out, self.figures()
+
+  async def part_done(self, serial: int) -> None:
+    """(Real clock) Returns when part `serial` has finished (raising its device error if it failed); it waits off
+    the actor's thread, so the controller's calls go on meanwhile."""
+    running = self._running.pop(serial)
+    await asyncio.get_running_loop().run_in_executor(None, jax.block_until_ready, running)
 
   def read(self, name: str) -> Any:
     return getattr(self._learner, name)
@@ -217,8 +249,11 @@ class RayLearner:
 
   def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False,
                schedule_at: int | None = None, ahead: int | None = None) -> PartRecord:
-    return self._call("dispatch", kind, steps, now, modeled_seconds, armed=armed, schedule_at=schedule_at,
+    part = self._call("dispatch", kind, steps, now, modeled_seconds, armed=armed, schedule_at=schedule_at,
                       ahead=ahead)
+    if part.serial < 0:
+      return part
+    return dataclasses.replace(part, future=_PartDone(self._actor.part_done.remote(part.serial)))
 
   def collect(self, now: float) -> PartRecord:
     return self._call("collect", now)
@@ -276,8 +311,10 @@ class RayLearner:
     raise NotImplementedError("backend 'ray': a learner keeps its one slice (config check)")
 
   def warm_up(self, theta_host: PyTree, host_sharding: Any, where: tuple | None = None) -> None:
-    del theta_host, host_sharding, where
-    raise NotImplementedError("backend 'ray': the real clock's warm-up (config check)")
+    del host_sharding  # (the actor's own host)
+    if where is not None:
+      raise NotImplementedError("backend 'ray': a learner keeps its one slice (config check)")
+    self._call("warm_up", _Theta(_host_tree(theta_host)), None)
 
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
     self._call("reset", _Theta(_host_tree(theta_host)), version, now)
