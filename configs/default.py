@@ -23,9 +23,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.seed = 0
   # Simulated CPU devices the controller owns (ignored on real accelerators).
   config.num_devices = 8
-  # JAX backend: "local" (this process's devices) or "pathways" (runs pathwaysutils.initialize() first: the
-  # Pathways proxy backend, with JAX_PLATFORMS=proxy; needs the `pathways` extra). See docs/multislice.md.
+  # JAX backend: "local" (this process's devices), "pathways" (runs pathwaysutils.initialize() first: the
+  # Pathways proxy backend, with JAX_PLATFORMS=proxy; needs the `pathways` extra) or "ray" (each learner in a Ray
+  # actor of its own; needs the `ray` extra). See docs/multislice.md.
   config.backend = "local"
+  config.ray = ml_collections.ConfigDict()
+  # backend "ray" (each learner in a Ray actor; the `ray` extra): "" starts a local cluster for the run unless one
+  # is running in the process; "auto" or "host:port" joins a running cluster (`ray start --head` on its first host).
+  config.ray.address = ""
   # M: independent learners, slices_per_learner slices each.
   config.learners = 4
   # Slices to cut the devices into; 0 means slices_per_learner per learner, more leaves spare slices.

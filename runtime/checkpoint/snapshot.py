@@ -7,7 +7,7 @@ failure. `Unpacker` turns the JSON and the arrays back into objects, each tree p
 """
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -127,9 +127,7 @@ class Unpacker:
   def arrays_named(self, saved: Any) -> dict[str, np.ndarray]:
     """The arrays that a part of the snapshot names in its trees (to restore that part elsewhere); a failed group's
     are none."""
-    keys = []
-    _rekeyed(saved, lambda key: keys.append(key) or key)
-    return {key: self._arrays[key] for key in keys if key in self._arrays}
+    return {key: self._arrays[key] for tree in _packed_trees(saved) for key in tree["keys"] if key in self._arrays}
 
   def value(self, x: Any) -> Any:
     if isinstance(x, dict) and len(x) == 1:
@@ -141,6 +139,18 @@ class Unpacker:
       if tag == "tuple":
         return tuple(self.value(v) for v in body)
     return x
+
+
+def _packed_trees(saved: Any) -> Iterator[dict]:
+  """The packed trees (Packer.tree's JSON) anywhere in the JSON `saved`."""
+  if isinstance(saved, dict):
+    if isinstance(saved.get("keys"), list) and "kind" in saved:
+      yield saved
+      return
+    saved = list(saved.values())
+  if isinstance(saved, (list, tuple)):
+    for value in saved:
+      yield from _packed_trees(value)
 
 
 def _rekeyed(saved: Any, rename: Callable[[str], str]) -> Any:

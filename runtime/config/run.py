@@ -40,8 +40,8 @@ POSITIONS = ("rotary", "learned")
 DTYPES = ("float32", "bfloat16")
 # Fields that change nothing a run computes (its records and results): they are not part of a run's name, and a run
 # resumes whatever they are now.
-QUIET_FIELDS = ("progress", "tensorboard", "compile_cache", "backend", "checkpoint_every", "checkpoint_seconds",
-                "checkpoint_wall_seconds", "checkpoint_keep", "resume", "save_model_every")
+QUIET_FIELDS = ("progress", "tensorboard", "compile_cache", "backend", "ray.address", "checkpoint_every",
+                "checkpoint_seconds", "checkpoint_wall_seconds", "checkpoint_keep", "resume", "save_model_every")
 # Fields a run resumes under whatever they are now: the quiet ones, and when it evaluates, what it logs and how many
 # batches its loader prepares ahead. Every other field changes the training, and a changed one is refused on resume.
 RESUMABLE_FIELDS = (*QUIET_FIELDS, "eval_every", "log_every", "data.prefetch")
@@ -126,6 +126,13 @@ class MeshConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RayConfig:
+  """backend "ray": the cluster its learners' actors run on."""
+
+  address: str = ""  # "": a local cluster started for the run (none running); "auto" or "host:port": join that one
+
+
+@dataclasses.dataclass(frozen=True)
 class SyncerConfig:
   """Where the syncer's state lives (its algorithm is `outer`)."""
 
@@ -148,6 +155,7 @@ class RunConfig:
   links: links_config.LinksConfig = dataclasses.field(default_factory=links_config.LinksConfig)
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
   syncer: SyncerConfig = dataclasses.field(default_factory=SyncerConfig)
+  ray: RayConfig = dataclasses.field(default_factory=RayConfig)
   mode: str = "decoupled"
   seed: int = 0
   num_devices: int = 8  # simulated CPU devices (ignored on real accelerators)
@@ -323,7 +331,7 @@ def _build_model(cfg: ml_collections.ConfigDict | None, data_path: str) -> Model
 SECTIONS = dict(model=ModelConfig, data=DataConfig, inner=InnerOptConfig, outer=OuterConfig, clock=ClockConfig,
                 rounds=RoundsConfig, faults=FaultConfig, capacity=capacity_lib.CapacityConfig,
                 compression=wire_config.CompressionConfig,
-                links=links_config.LinksConfig, mesh=MeshConfig, syncer=SyncerConfig)
+                links=links_config.LinksConfig, mesh=MeshConfig, syncer=SyncerConfig, ray=RayConfig)
 
 
 def from_config_dict(cfg: ml_collections.ConfigDict) -> RunConfig:
@@ -377,11 +385,12 @@ def _validate_ray(run: RunConfig) -> None:
   check(run.slices in (0, run.learners), "slices", run.slices, f"0 (no spare slices) {why}")
   check(not run.capacity.schedule, "capacity.schedule", run.capacity.schedule, f"'' (no lent slices) {why}")
   check(run.data.assignment == "shards", "data.assignment", run.data.assignment, f"'shards' {why}")
-  check(run.compression.up == "none" and run.compression.down == "none", "compression.up",
-        run.compression.up, f"'none', and compression.down too, {why}")
+  check(run.compression.up == "none", "compression.up", run.compression.up, f"'none' {why}")
+  check(run.compression.down == "none", "compression.down", run.compression.down, f"'none' {why}")
   check(run.fragments == 1, "fragments", run.fragments, f"1 {why}")
-  check(not run.faults.trace and run.faults.mtbi_chip_seconds == 0, "faults.mtbi_chip_seconds",
-        run.faults.mtbi_chip_seconds, f"0, and faults.trace '', {why} (faults.schedule is)")
+  check(run.faults.mtbi_chip_seconds == 0, "faults.mtbi_chip_seconds", run.faults.mtbi_chip_seconds,
+        f"0 {why} (faults.schedule is)")
+  check(not run.faults.trace, "faults.trace", run.faults.trace, f"'' {why} (faults.schedule is)")
 
 
 def _validate(run: RunConfig) -> None:
@@ -398,6 +407,8 @@ def _validate(run: RunConfig) -> None:
   check(run.learners >= 1, "learners", run.learners, "an integer >= 1")
   if run.backend == "ray":
     _validate_ray(run)
+  check(not run.ray.address or run.backend == "ray", "ray.address", run.ray.address,
+        "'' unless backend is 'ray' (the cluster its learners' actors run on)")
   if run.mode != "dp":
     check(run.learners <= run.num_devices or run.share_devices, "learners", run.learners, f"at most num_devices "
           f"({run.num_devices}): each learner needs a slice of at least one device (raise num_devices, use fewer "

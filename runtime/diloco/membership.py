@@ -20,12 +20,13 @@ from runtime.config.run import RunConfig
 from runtime.data.service import DataService, LeasedStream
 from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
-from runtime.diloco.learner.interface import LearnerPort
 from runtime.diloco.learner import ray_learner
+from runtime.diloco.learner.interface import LearnerPort
 from runtime.diloco.learner.learner import Learner
 from runtime.diloco.learner.lifecycle import ABSENT
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.slices.lifecycle import SliceLifecycle
+from runtime.errors import ConfigError
 from runtime.faults import injection
 from runtime.train.harness import Experiment
 
@@ -44,7 +45,10 @@ def make_learners(run: RunConfig, exp: Experiment, devices: Sequence[list[jax.De
   process, or each in a Ray actor (backend "ray", which arms their crashes itself: ray_learner.RemoteArming)."""
   learners = []
   if run.backend == "ray":
-    ray_learner.ensure_cluster()
+    if devices and devices[0] and devices[0][0].platform != "cpu":
+      raise ConfigError("backend", run.backend, "'local' on accelerators: learners in Ray actors run on simulated CPU "
+                        "devices only so far (docs/multislice.md)")
+    ray_learner.ensure_cluster(run.ray.address)
   for m in range(run.learners + run.lent_slices):
     owned, batch = m < run.learners, run.learner_batch(m)
     stream = (exp.shard(m, run.learners, batch) if data_service is None

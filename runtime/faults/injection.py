@@ -116,15 +116,6 @@ class Router:
     finally:
       self._injector = before
 
-  def settle(self, slices: Sequence[Sequence[jax.Device]]) -> None:
-    """Runs one clean effectful program on each slice whose program crashed, so the failed program's
-    error token is replaced now rather than re-raised by JAX at interpreter exit."""
-    for devices in slices:
-      mesh = devices_lib.slice_mesh(devices)
-      self.disarm(0)
-      check = jax.jit(device_check(self, 0, mesh))
-      jax.block_until_ready(check(jax.device_put(np.int32(-1), NamedSharding(mesh, P()))))
-
   def check(self, learner: int, step: np.ndarray) -> None:
     if self._injector is not None:
       self._injector.check(learner, step)

@@ -3,6 +3,16 @@ in-process run, record for record and Θ bit for bit, faults included, and a kil
 bits; what is not built yet is refused by name."""
 
 import json
+import os
+import pathlib
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 
 import jax
 import numpy as np
@@ -59,12 +69,12 @@ def test_learners_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_pa
 
 
 def test_the_driver_killed_and_rerun_resumes_with_new_actors_bit_identical(cluster, tmp_path, monkeypatch):
-  # Killed as it is about to save the checkpoints of merges 2 and 4 (after the crash at t=25, before its rejoin):
-  # each rerun restores every learner into a new actor, from the arrays its old actor packed.
+  # Killed as it is about to save the checkpoints of merges 2 and 4, so it resumes from those of merges 1 (before the
+  # crash at t=25) and 3 (learner 1 down, its state lost): each rerun restores every learner into a new actor.
   del cluster
   config = _smoke("ray", "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan")
   config.checkpoint_every = 1
-  result = assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills=(2, 3))
+  result = assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills=(2, 4))
   assert result.extras["faults"] == 2  # (the crash and the corrupt report; their rejoin and quarantine follow)
 
 
@@ -81,14 +91,56 @@ def test_under_the_real_clock_learners_in_actors_train_to_the_budget_through_a_c
   assert result.extras["merges"] >= 6 and result.final_eval_loss < 4.0  # (uniform over bytes: 5.5)
 
 
+@pytest.mark.slow  # a cluster of its own, started and stopped around one launch (~40 s)
+def test_a_run_joins_a_running_cluster_at_its_address_and_leaves_it_running(tmp_path):
+  import psutil  # pylint: disable=g-import-not-at-top  (Ray's own dependency)
+  with socket.socket() as free:
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+  # Ray's own settings: the cluster and the driver share a token (a fresh one here)
+  env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+  ray_cli = pathlib.Path(sys.executable).parent / "ray"
+  log, files = tmp_path / "head.log", tempfile.mkdtemp(prefix="ray-")  # (its sockets' paths must be short)
+  with log.open("w") as out:
+    head = subprocess.Popen([str(ray_cli), "start", "--head", f"--port={port}", "--num-cpus=2", "--block",
+                             "--include-dashboard=false", f"--temp-dir={files}"], stdout=out,
+                            stderr=subprocess.STDOUT, env=env)
+  members = []
+  try:
+    for _ in range(120):
+      if "Ray runtime started" in log.read_text() or head.poll() is not None:
+        break
+      time.sleep(0.5)
+    assert head.poll() is None, log.read_text()
+    members = psutil.Process(head.pid).children(recursive=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "launch.train", "--config=configs/smoke.py", f"--workdir={tmp_path / 'w'}",
+         "--config.backend=ray", f"--config.ray.address=127.0.0.1:{port}", "--config.learners=2",
+         "--config.num_devices=4", "--config.checkpoint_wall_seconds=0", "--config.progress=False"],
+        env=env, capture_output=True, text=True, timeout=400, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = _records(tmp_path / "w" / "decoupled")
+    assert sum(r["kind"] == "merge" for r in records) == 6 and records[-1]["eval_loss"] < 4.0
+    assert head.poll() is None  # the cluster it joined is still running
+  finally:
+    if head.poll() is None:
+      head.send_signal(signal.SIGTERM)  # (`ray start --block` stops the processes it started)
+    _, alive = psutil.wait_procs(members, timeout=30)
+    for process in alive:
+      process.kill()
+    head.wait(timeout=30)
+    shutil.rmtree(files, ignore_errors=True)
+
+
 @pytest.mark.parametrize("field, value, allowed", [
-    ("faults.mtbi_chip_seconds", 1e5, "0, and faults.trace '', with backend 'ray'"),
+    ("faults.mtbi_chip_seconds", 1e5, "0 with backend 'ray'"),
     ("slices_per_learner", 2, "1 with backend 'ray'"),
     ("data.assignment", "service", "'shards' with backend 'ray'"),
+    ("ray.address", "auto", "'' unless backend is 'ray'"),
     ("fragments", 2, "1 with backend 'ray'"),
 ])
 def test_what_the_ray_backend_has_not_built_is_refused_naming_the_field(field, value, allowed):
-  config = _smoke("ray")
+  config = _smoke("local" if field == "ray.address" else "ray")
   section, _, name = field.rpartition(".")
   setattr(config[section] if section else config, name, value)
   if field == "slices_per_learner":

@@ -19,6 +19,7 @@ from runtime.cluster import devices as devices_lib
 from runtime.config.run import OuterConfig
 from runtime.diloco.learner.interface import LearnerPort
 from runtime.diloco.learner.learner import Learner
+from runtime.diloco.learner.ray_learner import RayLearner
 from runtime.diloco.sync.messages import Delivery, Report
 from runtime.diloco.sync.syncer import Syncer
 from runtime.experiments import modes
@@ -48,7 +49,8 @@ def _shape(function) -> list[tuple[str, bool]]:
   return [(p.name, p.default is not inspect.Parameter.empty) for p in parameters]
 
 
-@pytest.mark.parametrize("implementation", [Learner, FakeLearner], ids=["Learner", "FakeLearner"])
+@pytest.mark.parametrize("implementation", [Learner, RayLearner, FakeLearner],
+                         ids=["Learner", "RayLearner", "FakeLearner"])
 def test_every_method_the_interface_names_has_its_signature(implementation):
   for name, member in _members().items():
     if not callable(member) or isinstance(member, property):
@@ -56,9 +58,9 @@ def test_every_method_the_interface_names_has_its_signature(implementation):
     if implementation is FakeLearner and not hasattr(implementation, name):
       continue  # (the stand-in has only what the collaborators under test ask of it)
     assert _shape(getattr(implementation, name)) == _shape(member), f"{implementation.__name__}.{name}"
-  for name in _members():  # the in-process learner has every one
-    if implementation is Learner and _members()[name] is not None:
-      assert hasattr(Learner, name), name
+  for name in _members():  # the learners themselves have every one
+    if implementation is not FakeLearner and _members()[name] is not None:
+      assert hasattr(implementation, name), f"{implementation.__name__}.{name}"
 
 
 def test_the_stand_in_learner_offers_nothing_the_interface_lacks():

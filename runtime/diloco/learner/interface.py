@@ -6,13 +6,14 @@ messages.py); a part's `Part` record; and two opaque handles that the controller
 - A report's tensors are whatever `Syncer.land` lands on the syncer's host in the merge worker: in this process
   they are the learner's own copy on its slice (the worker, not the controller, waits for that copy); a learner in
   another process sends NumPy arrays.
-- A part's `future` is what the clock awaits to learn when the part finished (a pytree of the part's device
-  results in this process, a `concurrent.futures.Future` from another); nothing else reads it.
+- A part's `future` is what the clock awaits to learn when the part finished: anything `jax.block_until_ready`
+  blocks on (the part's device results in this process; for a learner in a Ray actor, an object whose
+  `block_until_ready` waits for the actor's answer); nothing else reads it.
 - `theta_landing`, asked on the controller's thread, gives the merge worker a function that lays Θ out where the
   learner trains (or None); what it returns rides in `Delivery.placed` back to that learner only. The worker never
   reads a learner's own fields.
-The in-process learner (runtime/diloco/learner/learner.py) implements it; tests/unit/test_learner_interface.py
-checks it and the tests' stand-in learner against these signatures.
+The in-process learner (runtime/diloco/learner/learner.py) and the Ray actor's proxy (ray_learner.py) implement it;
+tests/unit/test_learner_interface.py checks them and the tests' stand-in learner against these signatures.
 """
 
 from typing import Any, Callable, Protocol

@@ -42,8 +42,8 @@ PyTree = Any
 
 
 class Learner:
-  """The in-process learner (runtime/diloco/learner/interface.py's LearnerPort): owns one slice (or several); all device work is dispatched asynchronously and awaited only in `collect`, its
-  parts in flight oldest first (runtime/diloco/learner/parts.py)."""
+  """The in-process learner (interface.py's LearnerPort): owns one slice (or several); all device work is dispatched
+  asynchronously and awaited only in `collect`, its parts in flight oldest first (runtime/diloco/learner/parts.py)."""
 
   def __init__(self, index: int, slice_index: int, devices: list[jax.Device], run: RunConfig,
                stream: data_lib.ShardIterator | LeasedStream, injector: injection.Injector | None = None,

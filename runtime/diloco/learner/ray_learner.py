@@ -31,14 +31,17 @@ from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.cluster import devices as devices_lib
 from runtime.config.run import RunConfig
 from runtime.diloco.learner.interface import Failure
+from runtime.diloco.learner.learner import Learner
 from runtime.diloco.learner.parts import RoundPart
 from runtime.diloco.sync import messages
 from runtime.diloco.sync.messages import Delivery, Report
+from runtime.faults import injection
 
 PyTree = Any
 
 # The book's figures each call brings back (completions and intervals, which grow, are asked for when read)
-_FIGURES = ("status", "round", "base_version", "tokens", "reports_out", "total_steps", "busy_seconds")
+_FIGURES = ("status", "round", "tokens", "reports_out", "total_steps", "busy_seconds")
+_ONE_SLICE = "backend 'ray': a learner keeps its one slice (the config check refuses the rest)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +87,6 @@ class LearnerHost:
   """The actor's side: one in-process Learner on the actor's own devices, and its fault injector."""
 
   def __init__(self, index: int, slices: tuple[int, ...], num_devices: int, run: RunConfig, stream: Any, absent: bool):
-    from runtime.diloco.learner.learner import Learner  # pylint: disable=g-import-not-at-top
-    from runtime.faults import injection  # pylint: disable=g-import-not-at-top
     f = run.faults
     self._injector = (injection.Injector(run.learners + run.lent_slices, f.schedule)
                       if f.schedule or f.mtbi_chip_seconds > 0 else None)
@@ -150,7 +151,8 @@ class LearnerHost:
     return self.figures()
 
   def settle(self) -> None:
-    """The run is over: its injector lets go of the actor's slice if a program failed there."""
+    """The run is over: one clean check program on the actor's slice, so an error token a crashed program left there
+    is replaced now, not raised at the actor's exit (on a slice that never crashed it changes nothing)."""
     if self._injector is not None:
       self._injector.settle([self._devices])
 
@@ -189,7 +191,6 @@ class RayLearner:
   # The book's figures, as of the last call
   status = property(lambda self: self._figures["status"])
   round = property(lambda self: self._figures["round"])
-  base_version = property(lambda self: self._figures["base_version"])
   tokens = property(lambda self: self._figures["tokens"])
   reports_out = property(lambda self: self._figures["reports_out"])
   total_steps = property(lambda self: self._figures["total_steps"])
@@ -308,12 +309,12 @@ class RayLearner:
   # Placement, failure and return (the actor's devices are its one slice's)
   def move_to(self, slices: int | tuple[int, ...], devices: list) -> None:
     del slices, devices
-    raise NotImplementedError("backend 'ray': a learner keeps its one slice (config check)")
+    raise NotImplementedError(_ONE_SLICE)
 
   def warm_up(self, theta_host: PyTree, host_sharding: Any, where: tuple | None = None) -> None:
     del host_sharding  # (the actor's own host)
     if where is not None:
-      raise NotImplementedError("backend 'ray': a learner keeps its one slice (config check)")
+      raise NotImplementedError(_ONE_SLICE)
     self._call("warm_up", _Theta(_host_tree(theta_host)), None)
 
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
@@ -321,7 +322,7 @@ class RayLearner:
 
   def regroup(self, slices: tuple[int, ...], groups: list[list[Any]]) -> None:
     del slices, groups
-    raise NotImplementedError("backend 'ray': a learner keeps its one slice (config check)")
+    raise NotImplementedError(_ONE_SLICE)
 
   def fail(self, now: float, status: str = "down") -> Failure:
     return self._call("fail", now, status)
@@ -359,8 +360,12 @@ class RayLearner:
     self._delivered = unpacker.value(saved["inbox"])  # (its Θ, should it have to go again)
 
   def close(self) -> None:
-    """Its data stream stops; the actor answers for its book until the last handle to it goes (Ray ends it then)."""
-    self._call("close")
+    """Its data stream stops; the actor answers for its book until the last handle to it goes (Ray ends it then). An
+    actor already gone has nothing to stop (the run's own error, if any, is the one raised)."""
+    try:
+      self._call("close")
+    except self._ray.exceptions.RayActorError:
+      pass
 
 
 class RemoteArming:
@@ -385,12 +390,16 @@ class RemoteArming:
       learner.settle()
 
 
-def ensure_cluster() -> None:
-  """A local Ray cluster for this process, unless one is running: sized to the machine, no dashboard, its files
-  under a temporary directory, stopped when the process ends."""
+def ensure_cluster(address: str = "") -> None:
+  """The Ray cluster the learners' actors run on, unless this process is connected to one: the running cluster at
+  `address` (config field ray.address), or a local one started for the process (sized to the machine, no dashboard,
+  its files in a temporary directory). The process leaves it (a local one stops) when it ends."""
   import ray  # pylint: disable=g-import-not-at-top
   if ray.is_initialized():
     return
-  ray.init(include_dashboard=False, num_cpus=os.cpu_count(), log_to_driver=False, configure_logging=False,
-           _temp_dir=tempfile.mkdtemp(prefix="ray-"))
+  if address:
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
+  else:
+    ray.init(include_dashboard=False, num_cpus=os.cpu_count(), log_to_driver=False, configure_logging=False,
+             _temp_dir=tempfile.mkdtemp(prefix="ray-"))
   atexit.register(ray.shutdown)
