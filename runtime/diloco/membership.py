@@ -49,13 +49,14 @@ def make_learners(run: RunConfig, exp: Experiment, devices: Sequence[list[jax.De
       raise ConfigError("backend", run.backend, "'local' on accelerators: learners in Ray actors run on simulated CPU "
                         "devices only so far (docs/multislice.md)")
     ray_learner.ensure_cluster(run.ray.address)
+    puts = ray_learner.ThetaPut()  # (one Θ in the object store for all of them)
   for m in range(run.learners + run.lent_slices):
     owned, batch = m < run.learners, run.learner_batch(m)
     stream = (exp.shard(m, run.learners, batch) if data_service is None
               else LeasedStream(data_service, batch_size=batch, learner=m))
     home = learner_slices.home(m, run.slices_per_learner) if owned else -1
     if run.backend == "ray":
-      learners.append(ray_learner.RayLearner(m, home, len(devices[home[0]]), run, stream))
+      learners.append(ray_learner.RayLearner(m, home, len(devices[home[0]]), run, stream, puts))
     else:
       learners.append(Learner(m, home, [devices[s] for s in home] if owned else [], run, stream, injector,
                               absent=not owned))

@@ -52,12 +52,17 @@ def cluster():
 
 @pytest.mark.parametrize("schedule", ["", "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan"],
                          ids=["fault_free", "crash_and_corrupt_report"])
-def test_learners_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_path, schedule):
+def test_learners_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_path, schedule, monkeypatch):
   del cluster
+  put, puts = ray.put, []
+  monkeypatch.setattr(ray, "put", lambda value, **kw: puts.append(value) or put(value, **kw))
   results = {b: modes.train(_smoke(b, schedule), tmp_path / b)[0] for b in ("ray", "local")}
   remote, local = _records(tmp_path / "ray" / "decoupled"), _records(tmp_path / "local" / "decoupled")
   assert len(remote) >= 9 and remote == local
-  assert sum(r["kind"] == "merge" for r in remote) >= 6
+  merges = sum(r["kind"] == "merge" for r in remote)
+  assert merges >= 6
+  if not schedule:  # Θ put once for both learners: at the start, and after each merge
+    assert len(puts) == merges + 1, (len(puts), merges)
   faults = [r["fault"] for r in remote if r["kind"] == "fault"]
   assert faults == ([] if not schedule else ["corrupt", "quarantine", "crash", "rejoin"])
   if schedule:  # the crash was raised inside the actor's program and surfaced as the device error it is

@@ -3,9 +3,9 @@ report capture and fault injection; the controller keeps the clock, syncer, budg
 and reaches the learner through the same LearnerPort (runtime/diloco/learner/interface.py) as one in its process.
 
 The actor runs the in-process Learner itself, so every program, batch and report is the one the in-process learner
-would make: under the virtual clock a run is the same, bit for bit. Host values cross: Θ goes to the actor as NumPy
-arrays (laid out on its host device there, as the syncer holds it), a report comes back as NumPy arrays, a part as
-its record. Each call returns the learner's book figures with its result, so reading them costs no round trip.
+would make: under the virtual clock a run is the same, bit for bit. Host values cross: Θ goes down as one `ray.put`
+of NumPy arrays shared by reference by every learner it goes to (laid out on the actor's host device there, as the
+syncer holds it), a report comes back as NumPy arrays, a part as its record. Each call returns the learner's book figures with its result, so reading them costs no round trip.
 
 What is built: learners of one slice each on simulated CPU devices, both clocks (under the real one a part's future
 is the actor's `part_done`, awaited off the actor's thread), crashes of a learner or its slice (armed in the actor's
@@ -74,9 +74,25 @@ class _PartDone:
 
 @dataclasses.dataclass(frozen=True)
 class _Theta:
-  """Θ on its way to the actor, as NumPy arrays."""
+  """Θ on its way to the actor: the object store's reference to its NumPy arrays."""
 
-  tree: PyTree
+  ref: Any
+
+
+class ThetaPut:
+  """Θ put in the object store once and shared by reference by every learner it goes to (the newest two, known by
+  identity: the syncer hands each merged learner the same tree)."""
+
+  def __init__(self):
+    self._held: list[tuple[PyTree, Any]] = []  # (Θ, its reference): holding Θ keeps its identity its own
+
+  def shared(self, theta: PyTree) -> _Theta:
+    import ray  # pylint: disable=g-import-not-at-top
+    ref = next((ref for held, ref in self._held if held is theta), None)
+    if ref is None:
+      ref = ray.put(_host_tree(theta))
+      self._held = [*self._held, (theta, ref)][-2:]
+    return _Theta(ref)
 
 
 def _host_tree(tree: PyTree) -> PyTree:
@@ -147,7 +163,7 @@ class LearnerHost:
               theta: "_Theta") -> dict:
     """The learner as its checkpoint saw it, from the arrays its part names; the book's figures after."""
     unpacker = snapshot_lib.Unpacker(arrays, failed, self._schedule, treedefs, self._host, messages.CODECS)
-    self._learner.restore(saved, unpacker, self._on_host(theta.tree))
+    self._learner.restore(saved, unpacker, self._theta(theta))
     return self.figures()
 
   def settle(self) -> None:
@@ -158,11 +174,13 @@ class LearnerHost:
 
   def _inbound(self, value: Any) -> Any:
     if isinstance(value, Delivery) and value.params is not None:
-      return dataclasses.replace(value, params=self._on_host(value.params))
-    return self._on_host(value.tree) if isinstance(value, _Theta) else value
+      return dataclasses.replace(value, params=self._theta(value.params))
+    return self._theta(value) if isinstance(value, _Theta) else value
 
-  def _on_host(self, tree: PyTree) -> PyTree:
-    return jax.device_put(tree, self._host)
+  def _theta(self, theta: _Theta) -> PyTree:
+    """Θ from the object store, laid out on the host here as the syncer holds it."""
+    import ray  # pylint: disable=g-import-not-at-top
+    return jax.device_put(ray.get(theta.ref), self._host)
 
   @staticmethod
   def _outbound(result: Any) -> Any:
@@ -178,9 +196,9 @@ class RayLearner:
   """The controller's side of a learner in an actor: a LearnerPort whose calls run there, in the order made."""
 
   def __init__(self, index: int, slices: tuple[int, ...], num_devices: int, run: RunConfig, stream: Any,
-               absent: bool = False):
+               puts: ThetaPut, absent: bool = False):
     import ray  # pylint: disable=g-import-not-at-top
-    self._ray = ray
+    self._ray, self._puts = ray, puts
     self.index, self.tokens_per_batch = index, stream.tokens_per_batch
     env = dict(XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}", JAX_PLATFORMS="cpu")
     actor = ray.remote(LearnerHost).options(num_cpus=0, runtime_env=dict(env_vars=env))
@@ -285,7 +303,8 @@ class RayLearner:
     return None  # (the actor lays Θ out itself when it adopts it)
 
   def deliver(self, delivery: Delivery) -> bool:
-    kept = self._call("deliver", dataclasses.replace(delivery, params=_host_tree(delivery.params), placed=None))
+    params = None if delivery.params is None else self._puts.shared(delivery.params)
+    kept = self._call("deliver", dataclasses.replace(delivery, params=params, placed=None))
     if kept:
       self._delivered = delivery
     return kept
@@ -315,10 +334,10 @@ class RayLearner:
     del host_sharding  # (the actor's own host)
     if where is not None:
       raise NotImplementedError(_ONE_SLICE)
-    self._call("warm_up", _Theta(_host_tree(theta_host)), None)
+    self._call("warm_up", self._puts.shared(theta_host), None)
 
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
-    self._call("reset", _Theta(_host_tree(theta_host)), version, now)
+    self._call("reset", self._puts.shared(theta_host), version, now)
 
   def regroup(self, slices: tuple[int, ...], groups: list[list[Any]]) -> None:
     del slices, groups
@@ -335,7 +354,7 @@ class RayLearner:
 
   def rejoin(self, slice_index: int, devices: list[Any], theta_host: PyTree, version: int, now: float) -> None:
     del devices  # (the actor's own)
-    self._call("rejoin", slice_index, _Theta(_host_tree(theta_host)), version, now)
+    self._call("rejoin", slice_index, self._puts.shared(theta_host), version, now)
 
   def give_back_unreported(self) -> None:
     self._call("give_back_unreported")
@@ -356,7 +375,7 @@ class RayLearner:
 
   def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker, theta_host: PyTree) -> None:
     self._figures = self._ray.get(self._actor.restore.remote(
-        saved, unpacker.arrays_named(saved), unpacker.failed, unpacker.treedefs, _Theta(_host_tree(theta_host))))
+        saved, unpacker.arrays_named(saved), unpacker.failed, unpacker.treedefs, self._puts.shared(theta_host)))
     self._delivered = unpacker.value(saved["inbox"])  # (its Θ, should it have to go again)
 
   def close(self) -> None:
