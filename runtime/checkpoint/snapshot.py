@@ -141,10 +141,15 @@ class Unpacker:
     return x
 
 
+def _is_packed_tree(saved: Any) -> bool:
+  """Whether the JSON `saved` is a packed tree (Packer.tree's)."""
+  return isinstance(saved, dict) and isinstance(saved.get("keys"), list) and "kind" in saved
+
+
 def _packed_trees(saved: Any) -> Iterator[dict]:
-  """The packed trees (Packer.tree's JSON) anywhere in the JSON `saved`."""
+  """The packed trees anywhere in the JSON `saved`."""
   if isinstance(saved, dict):
-    if isinstance(saved.get("keys"), list) and "kind" in saved:
+    if _is_packed_tree(saved):
       yield saved
       return
     saved = list(saved.values())
@@ -155,9 +160,9 @@ def _packed_trees(saved: Any) -> Iterator[dict]:
 
 def _rekeyed(saved: Any, rename: Callable[[str], str]) -> Any:
   """The JSON `saved` with each packed tree's array keys renamed."""
+  if _is_packed_tree(saved):
+    return dict(saved, keys=[rename(key) for key in saved["keys"]])
   if isinstance(saved, dict):
-    if isinstance(saved.get("keys"), list) and "kind" in saved:  # a packed tree (Packer.tree)
-      return dict(saved, keys=[rename(key) for key in saved["keys"]])
     return {name: _rekeyed(value, rename) for name, value in saved.items()}
   if isinstance(saved, (list, tuple)):
     return type(saved)(_rekeyed(value, rename) for value in saved)

@@ -5,7 +5,8 @@ and reaches the learner through the same LearnerPort (runtime/diloco/learner/int
 The actor runs the in-process Learner itself, so every program, batch and report is the one the in-process learner
 would make: under the virtual clock a run is the same, bit for bit. Host values cross: Θ goes down as one `ray.put`
 of NumPy arrays shared by reference by every learner it goes to (laid out on the actor's host device there, as the
-syncer holds it), a report comes back as NumPy arrays, a part as its record. Each call returns the learner's book figures with its result, so reading them costs no round trip.
+syncer holds it), a report comes back as NumPy arrays, a part as its record. Each call returns the learner's book
+figures with its result, so reading them costs no round trip.
 
 What is built: learners of one slice each on simulated CPU devices, both clocks (under the real one a part's future
 is the actor's `part_done`, awaited off the actor's thread), crashes of a learner or its slice (armed in the actor's
@@ -121,16 +122,26 @@ class LearnerHost:
     """Runs the learner's method with Θ laid out on the host as the syncer holds it; its result as host values, and
     the book's figures after it."""
     args = tuple(self._inbound(a) for a in args)
-    if name == "rejoin":  # on its slice's devices, which are the actor's
-      args = (args[0], self._devices, *args[1:])
-    if name == "warm_up":  # for the host here
-      args = (args[0], self._host, *args[2:])
-    result = getattr(self._learner, name)(*args, **kwargs)
-    out = self._outbound(result)
-    if name == "dispatch" and self._serials is not None:
-      out = dataclasses.replace(out, serial=next(self._serials))
-      self._running[out.serial] = result.future
-    return out, self.figures()
+    return self._outbound(getattr(self._learner, name)(*args, **kwargs)), self.figures()
+
+  def dispatch(self, *args, **kwargs) -> tuple[PartRecord, dict]:
+    """The learner's dispatch; under the real clock its part is numbered for `part_done`."""
+    part = self._learner.dispatch(*args, **kwargs)
+    record = self._outbound(part)
+    if self._serials is not None:
+      record = dataclasses.replace(record, serial=next(self._serials))
+      self._running[record.serial] = part.future
+    return record, self.figures()
+
+  def rejoin(self, slice_index: int, theta: "_Theta", version: int, now: float) -> tuple[None, dict]:
+    """The learner's rejoin, on its slice's devices (the actor's)."""
+    self._learner.rejoin(slice_index, self._devices, self._theta(theta), version, now)
+    return None, self.figures()
+
+  def warm_up(self, theta: "_Theta") -> tuple[None, dict]:
+    """The learner's warm-up, for the host here."""
+    self._learner.warm_up(self._theta(theta), self._host)
+    return None, self.figures()
 
   async def part_done(self, serial: int) -> None:
     """(Real clock) Returns when part `serial` has finished (raising its device error if it failed); it waits off
@@ -160,11 +171,11 @@ class LearnerHost:
     return saved, arrays, failed
 
   def restore(self, saved: dict, arrays: dict[str, np.ndarray], failed: dict[str, str], treedefs: dict,
-              theta: "_Theta") -> dict:
+              theta: "_Theta") -> tuple[None, dict]:
     """The learner as its checkpoint saw it, from the arrays its part names; the book's figures after."""
     unpacker = snapshot_lib.Unpacker(arrays, failed, self._schedule, treedefs, self._host, messages.CODECS)
     self._learner.restore(saved, unpacker, self._theta(theta))
-    return self.figures()
+    return None, self.figures()
 
   def settle(self) -> None:
     """The run is over: one clean check program on the actor's slice, so an error token a crashed program left there
@@ -225,12 +236,16 @@ class RayLearner:
   def _read(self, name: str) -> Any:
     return self._ray.get(self._actor.read.remote(name))
 
-  def _call(self, name: str, *args, **kwargs) -> Any:
+  def _ask(self, method: Any, *args, **kwargs) -> Any:
+    """The actor's `method` run with these arguments: its result, the book's figures kept."""
     try:
-      result, self._figures = self._ray.get(self._actor.call.remote(name, args, kwargs))
+      result, self._figures = self._ray.get(method.remote(*args, **kwargs))
     except self._ray.exceptions.RayTaskError as error:
       raise error.cause from None  # the learner's own error, as the controller handles it in process
     return result
+
+  def _call(self, name: str, *args, **kwargs) -> Any:
+    return self._ask(self._actor.call, name, args, kwargs)
 
   def arm(self, how: str, *args) -> None:
     self._ray.get(self._actor.arm.remote(how, *args))
@@ -268,8 +283,8 @@ class RayLearner:
 
   def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False,
                schedule_at: int | None = None, ahead: int | None = None) -> PartRecord:
-    part = self._call("dispatch", kind, steps, now, modeled_seconds, armed=armed, schedule_at=schedule_at,
-                      ahead=ahead)
+    part = self._ask(self._actor.dispatch, kind, steps, now, modeled_seconds, armed=armed, schedule_at=schedule_at,
+                     ahead=ahead)
     if part.serial < 0:
       return part
     return dataclasses.replace(part, future=_PartDone(self._actor.part_done.remote(part.serial)))
@@ -334,7 +349,7 @@ class RayLearner:
     del host_sharding  # (the actor's own host)
     if where is not None:
       raise NotImplementedError(_ONE_SLICE)
-    self._call("warm_up", self._puts.shared(theta_host), None)
+    self._ask(self._actor.warm_up, self._puts.shared(theta_host))
 
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
     self._call("reset", self._puts.shared(theta_host), version, now)
@@ -354,7 +369,7 @@ class RayLearner:
 
   def rejoin(self, slice_index: int, devices: list[Any], theta_host: PyTree, version: int, now: float) -> None:
     del devices  # (the actor's own)
-    self._call("rejoin", slice_index, self._puts.shared(theta_host), version, now)
+    self._ask(self._actor.rejoin, slice_index, self._puts.shared(theta_host), version, now)
 
   def give_back_unreported(self) -> None:
     self._call("give_back_unreported")
@@ -374,8 +389,8 @@ class RayLearner:
     return packer.fetched(saved, arrays, failed, prefix=f"learner{self.index}:")
 
   def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker, theta_host: PyTree) -> None:
-    self._figures = self._ray.get(self._actor.restore.remote(
-        saved, unpacker.arrays_named(saved), unpacker.failed, unpacker.treedefs, self._puts.shared(theta_host)))
+    self._ask(self._actor.restore, saved, unpacker.arrays_named(saved), unpacker.failed, unpacker.treedefs,
+              self._puts.shared(theta_host))
     self._delivered = unpacker.value(saved["inbox"])  # (its Θ, should it have to go again)
 
   def close(self) -> None:
