@@ -16,6 +16,7 @@ class FakeLearner:
     self.parts, self.inbox = [], None
     self.device = types.SimpleNamespace(last_seconds=0.0)
     self.unmerged_tokens = 0  # what a failure writes off
+    self.lost = None  # (a test sets it: the learner's process found ended)
     self.calls: list[tuple] = []
 
   def _move(self, status: str, now: float) -> None:
@@ -37,6 +38,9 @@ class FakeLearner:
   def parts_in_flight(self) -> int:
     return len(self.parts)
 
+  def process_lost(self) -> Exception | None:
+    return self.lost
+
   def resume_kind(self) -> str:
     return self.parts[0].kind if self.parts else ""
 
@@ -54,7 +58,7 @@ class FakeLearner:
 
   def fail(self, now: float, status: str = DOWN) -> Failure:
     failure = Failure(self.slice_index, "", self.unmerged_tokens, 1.5)
-    self.status, self.slices, self.slice_index = status, (), -1
+    self.status, self.slices, self.slice_index, self.lost = status, (), -1, None
     self.calls.append(("fail", status, now))
     return failure
 

@@ -195,7 +195,11 @@ class Controller:
       self.event_time, event = self.clock.next_event()  # (real clock: when it happened, maybe before now)
       kind = EventKind(event.kind)
       with annotate(f"controller/{kind.value}"):
-        self._handlers[kind](event)
+        try:
+          self._handlers[kind](event)
+        except injection.ProcessLost:  # a learner's process found ended where it had to answer: crashed next
+          pass
+        self.slices.crash_lost()  # every learner whose process was found ended, as on its slice's loss
         self.merges.maybe_merge()  # whatever the event changed, a quorum ready now is scheduled here, once
         if kind == EventKind.MERGE_DONE:
           self._merge_handled()

@@ -21,6 +21,7 @@ from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.checkpoint.store import Checkpoints
 from runtime.config.run import RunConfig
 from runtime.diloco.sync import messages
+from runtime.faults import injection
 from runtime.periodic import SinceLast
 
 LAYOUT = 2  # 2: each part under its owner's key; 1 (no "layout" field): the keys of checkpoints before it
@@ -66,6 +67,8 @@ class Durability:
     if fresh:
       self.save(self.merges_done)
     self.checkpoints.flush()
+    if self._saved_at != self.merges_done:
+      return f"checkpoint {self.merges_done} not saved (a learner's process was found ended): the newest one is kept"
     return (f"checkpoint {self.merges_done} saved" if fresh else
             f"checkpoint {self.merges_done} (saved at that merge) kept; the work since is done again")
 
@@ -96,8 +99,12 @@ class Durability:
     """
     start = time.perf_counter()
     packer = snapshot_lib.Packer(self._run.faults.schedule, self._treedefs, messages.CODECS)
-    meta = dict(layout=LAYOUT, merges_done=self.merges_done, finished=self.finished,
-                **{key: part.snapshot(packer) for key, part in self._parts})
+    try:
+      meta = dict(layout=LAYOUT, merges_done=self.merges_done, finished=self.finished,
+                  **{key: part.snapshot(packer) for key, part in self._parts})
+    except injection.ProcessLost as lost:  # its crash comes first (the controller's loop): the save stays due
+      logging.warning("%s: checkpoint %d not saved: %s", self._name, step, lost)
+      return
     meta = json.loads(json.dumps(meta))  # a copy, made now: the run goes on changing the lists it was built from
     groups, failed_elsewhere = packer.groups, dict(packer.failed)
 

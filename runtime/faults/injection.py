@@ -6,11 +6,14 @@ error, either at dispatch or when it awaits the result (XLA:CPU reports every ho
 as INTERNAL). On a slice of one device the check runs once, in a program queued behind the part
 (runtime/diloco/learner/placement.py says why), and fails the part's outputs at its end instead. A program
 bug is injected at dispatch, as the INVALID_ARGUMENT error a broken program raises there, every
-time: it is no lost slice.
+time: it is no lost slice. A crash that ends its process (a learner in a Ray actor, `ends=process`) kills the
+process from the same check, so the controller learns of it as of any process that died: `ProcessLost`.
 """
 
 import contextlib
 import logging
+import os
+import signal
 import threading
 from typing import Any, Iterator, Sequence
 
@@ -32,6 +35,16 @@ class SliceCrash(RuntimeError):
   """Raised inside a learner's device program to fail its slice."""
 
 
+class ProcessLost(RuntimeError):
+  """A learner's process ended (killed, or died) and took its device state with it: read as a lost slice. Raised by
+  the controller's side of a learner in another process (runtime/diloco/learner/ray_learner.py) where the learner
+  had to answer; `learner` names it."""
+
+  def __init__(self, learner: int, description: str):
+    super().__init__(f"learner {learner}'s process ended: {description}")
+    self.learner = learner
+
+
 class _InjectedCrashesUnlogged(logging.Filter):
   """JAX logs every exception of a host callback with its traceback; an injected crash is no bug, and the run
   reports it in one line of its own."""
@@ -51,25 +64,29 @@ class Injector:
     self._lock = threading.Lock()  # (checks run on the devices' threads, arming on the controller's)
     self._armed = [_NEVER] * num_learners
     self._reached = [-1] * num_learners  # the furthest inner step any device of the learner's programs checked
+    self._kills = [False] * num_learners  # its armed crash ends the process (SIGKILL) instead of raising
     self._schedule = tuple(schedule)
 
-  def arm(self, learner: int, step: int | None) -> None:
+  def arm(self, learner: int, step: int | None, kill: bool = False) -> None:
     """The learner's program raises when it reaches inner step `step` (its global step count); None disarms. For a
-    program not yet dispatched: one in flight may have devices on either side of `step` (see `arm_next`)."""
+    program not yet dispatched: one in flight may have devices on either side of `step` (see `arm_next`). `kill`:
+    instead of raising, the program ends its own process there (a learner in a process of its own: the config
+    check allows it with backend 'ray' only)."""
     with self._lock:
       self._armed[learner] = _NEVER if step is None else step
+      self._kills[learner] = kill and step is not None
 
-  def arm_next(self, learner: int) -> None:
+  def arm_next(self, learner: int, kill: bool = False) -> None:
     """Arms the learner's programs in flight to raise at the inner step after the furthest any of their devices has
     checked. Every device of a program then raises at that same step: armed at a step that one device had passed and
     another not, the second would raise while the first waited for it, forever, in that step's collective."""
     with self._lock:
-      self._armed[learner] = self._reached[learner] + 1
+      self._armed[learner], self._kills[learner] = self._reached[learner] + 1, kill
 
   def disarm(self, learner: int) -> None:
     """Nothing armed; the learner's programs are gone (its next may start at a lower step, after a rejoin)."""
     with self._lock:
-      self._armed[learner], self._reached[learner] = _NEVER, -1
+      self._armed[learner], self._reached[learner], self._kills[learner] = _NEVER, -1, False
 
   def settle(self, slices: Sequence[Sequence[jax.Device]]) -> None:
     """Runs one clean effectful program on each slice whose program crashed, so the failed program's
@@ -85,7 +102,9 @@ class Injector:
     step = int(step)
     with self._lock:
       self._reached[learner] = max(self._reached[learner], step)
-      fails = step >= self._armed[learner]
+      fails, kill = step >= self._armed[learner], self._kills[learner]
+    if fails and kill:
+      os.kill(os.getpid(), signal.SIGKILL)  # the process ends here, as a machine's loss ends it
     if fails:
       raise SliceCrash(f"injected crash of learner {learner}'s slice at inner step {step}")
 
@@ -163,7 +182,8 @@ def describe(error: Exception) -> str:
 
 
 def slice_lost(error: Exception) -> bool:
-  """True when the error lost the learner's slice: a crash injected here, or pathwaysutils reads it so (DATA_LOSS,
-  DEADLINE_EXCEEDED, NOT_FOUND, INTERNAL); any other error is a program error, which no other slice would cure."""
+  """True when the error lost the learner's slice: a crash injected here, the learner's process ended, or pathwaysutils
+  reads it so (DATA_LOSS, DEADLINE_EXCEEDED, NOT_FOUND, INTERNAL); any other error is a program error, which no other
+  slice would cure."""
   injected = isinstance(error, jax.errors.JaxRuntimeError) and f"{SliceCrash.__name__}: " in str(error)
-  return injected or multislice.slice_lost(error)
+  return injected or isinstance(error, ProcessLost) or multislice.slice_lost(error)

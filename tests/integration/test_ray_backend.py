@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import jax
@@ -19,8 +20,10 @@ import numpy as np
 import pytest
 
 from configs import smoke
+from runtime.diloco.controller import Controller
 from runtime.errors import ConfigError
 from runtime.experiments import modes
+from runtime.train.harness import Experiment
 from runtime.trained.saved import load_model
 from test_resume import assert_resumes_bit_identical
 
@@ -93,7 +96,56 @@ def test_under_the_real_clock_learners_in_actors_train_to_the_budget_through_a_c
   assert result.tokens == config.total_steps * config.data.batch_size * config.data.seq_len
   crashes = [r["detail"] for r in records if r.get("fault") == "crash"]
   assert len(crashes) == 1 and "SliceCrash: injected crash of learner 1's slice at inner step 24" in crashes[0]
+  assert [r["learner"] for r in records if r.get("fault") == "rejoin"] == [1]  # after its 0.5 s (not the 60 s default)
   assert result.extras["merges"] >= 6 and result.final_eval_loss < 4.0  # (uniform over bytes: 5.5)
+
+
+def _killed_run(tmp_path, schedule: str, kill_at_step: int | None = None):
+  """A real-clock run whose learner 1 loses its process: by the injector (`schedule`), or SIGKILLed from outside once
+  it has trained `kill_at_step` inner steps. Its controller, result, records and learner 1's first process id."""
+  config = _smoke("ray", schedule)
+  config.clock.kind = "real"
+  if kill_at_step is not None:
+    config.faults.repair_seconds = 0.5  # (the injector's crash gives its own)
+  run = modes.prepare(config)
+  controller = Controller(run, Experiment(run), tmp_path, "decoupled")
+  learner = controller.learners[1]
+  first = learner.pid()
+  if kill_at_step is not None:
+    def kill():  # (the book this side keeps grows with each answer of the actor)
+      while learner.total_steps < kill_at_step:
+        time.sleep(0.005)
+      os.kill(first, signal.SIGKILL)
+    threading.Thread(target=kill, daemon=True).start()
+  result = controller.train()
+  return controller, result, _records(tmp_path / "decoupled"), first, run
+
+
+def _assert_replaced(controller, result, records, first, run):
+  """Learner 1 crashed once with its process, rejoined on a new actor and trained there; every token merged once."""
+  crashes = [r for r in records if r.get("fault") == "crash"]
+  assert [r["learner"] for r in crashes] == [1] and "process ended" in crashes[0]["detail"], crashes
+  rejoin = next(r for r in records if r.get("fault") == "rejoin")
+  assert rejoin["learner"] == 1 and rejoin["time"] > crashes[0]["time"]
+  learner = controller.learners[1]
+  assert learner.pid() != first  # a new process
+  assert any(at > rejoin["time"] for at, _ in learner.completions)  # which trained
+  assert result.tokens == run.token_budget  # the budget merged (tokens written off were trained again) ...
+  for m in range(2):  # ... and no batch of a learner's data twice
+    ranges = sorted((a, b) for who, a, b in controller.log.merged_ranges if who == m)
+    assert all(b <= a for (_, b), (a, _) in zip(ranges, ranges[1:])), ranges
+  assert result.final_eval_loss < 4.0
+
+
+def test_a_learner_whose_process_the_injector_kills_mid_round_rejoins_on_a_new_actor(cluster, tmp_path):
+  # ends=process: at inner step 24 the actor's own step check SIGKILLs its process (no error is raised anywhere)
+  del cluster
+  _assert_replaced(*_killed_run(tmp_path, "crash:learner=1,step=24,ends=process,repair=0.5"))
+
+
+def test_a_learner_whose_process_is_killed_from_outside_rejoins_on_a_new_actor(cluster, tmp_path):
+  del cluster
+  _assert_replaced(*_killed_run(tmp_path, "", kill_at_step=20))
 
 
 @pytest.mark.slow  # a cluster of its own, started and stopped around one launch (~40 s)
@@ -153,3 +205,12 @@ def test_what_the_ray_backend_has_not_built_is_refused_naming_the_field(field, v
   with pytest.raises(ConfigError) as refused:
     modes.prepare(config)
   assert field in str(refused.value) and allowed in str(refused.value)
+
+
+@pytest.mark.parametrize("backend, clock", [("local", "real"), ("ray", "virtual")])
+def test_a_crash_that_ends_a_process_is_refused_where_there_is_none_or_no_moment_for_it(backend, clock):
+  config = _smoke(backend, "crash:learner=1,step=24,ends=process")
+  config.clock.kind = clock
+  with pytest.raises(ConfigError) as refused:
+    modes.prepare(config)
+  assert "faults.schedule" in str(refused.value) and "ends=program unless backend is 'ray'" in str(refused.value)

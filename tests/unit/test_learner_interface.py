@@ -32,7 +32,7 @@ COLLABORATORS = ("runtime/diloco/rounds.py", "runtime/diloco/merge_schedule.py",
                  "runtime/diloco/controller.py", "runtime/diloco/slices/lifecycle.py",
                  "runtime/diloco/slices/one_slice.py", "runtime/diloco/slices/several_slices.py")
 # What the stand-in keeps for the tests themselves: what was done to it, and its parts as a plain list
-FAKE_ONLY = {"calls", "unmerged_tokens", "device", "parts"}
+FAKE_ONLY = {"calls", "unmerged_tokens", "device", "parts", "lost"}
 
 
 def _members() -> dict[str, object]:

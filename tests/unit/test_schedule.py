@@ -32,7 +32,8 @@ def test_an_error_names_the_field_the_item_and_what_is_allowed(text, allowed):
 
 
 @pytest.mark.parametrize("parse,text,allowed", [
-    (plan.parse_schedule, "crash:learner=1,when=3", "crash fields ['learner', 'repair', 'slice', 'step', 'time']"),
+    (plan.parse_schedule, "crash:learner=1,when=3",
+     "crash fields ['ends', 'learner', 'repair', 'slice', 'step', 'time']"),
     (plan.parse_schedule, "crash:learner=x", "learner of type int"),
     (capacity.parse, "lend:slices=2,time=1,gap=3", "lend fields ['slices', 'time', 'duration']"),
     (capacity.parse, "lend:slices=x", "slices a number"),

@@ -12,6 +12,7 @@ from runtime.diloco.slices.one_slice import OneSlice
 from runtime.diloco.slices.several_slices import SeveralSlices
 from runtime.errors import ProgramError
 from runtime.experiments import modes
+from runtime.faults import injection
 from runtime.faults.plan import timed_events
 
 
@@ -68,6 +69,18 @@ def test_without_a_spare_the_crashed_learner_rejoins_on_its_repaired_slice(tiny_
   h.slices.crash(h.learners[2], "test")
   assert h.run_events() == [(5.0, EventKind.SLICE_REPAIRED)]
   assert h.learners[2].slices == (2,) and h.pulled == [(2, 5.0)]
+
+
+def test_a_learner_whose_process_was_found_ended_crashes_as_on_its_slice_loss_once(one_spare):
+  h = _Harness(one_spare, lambda m: (m,))
+  h.learners[1].unmerged_tokens = 40
+  h.learners[1].lost = injection.ProcessLost(1, "ActorDiedError: the actor died")
+  h.slices.crash_lost()
+  h.slices.crash_lost()  # (its crash handled, it is lost no more)
+  assert h.learners[1].status == DOWN and h.learners[0].status == WAITING and h.budget.lost == [(40, 1.5)]
+  assert h.log.kinds() == ["crash"] and "learner 1's process ended: ActorDiedError" in h.log.faults[0]["detail"]
+  assert h.run_events() == [(1.0, EventKind.REJOIN), (5.0, EventKind.SLICE_REPAIRED)]
+  assert h.learners[1].slices == (2,) and h.log.kinds() == ["crash", "rejoin"]
 
 
 def test_a_learner_with_a_report_on_its_way_waits_for_its_verdict_before_it_rejoins(one_spare):

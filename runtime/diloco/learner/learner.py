@@ -112,6 +112,9 @@ class Learner:
     """The serials it holds leased from the data service."""
     return self.leased.snapshot() if self.leased is not None else []
 
+  def process_lost(self) -> Exception | None:
+    return None  # (it lives in the controller's process: its slice's loss is a device error)
+
   def device_idle(self) -> float:
     """The share of its active span in which its device had no program of its own (see DeviceTimeline)."""
     return self.parts.device.idle_fraction(self.book.intervals, (self.book.status, self.book.state_since))

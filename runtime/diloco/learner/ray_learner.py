@@ -10,7 +10,10 @@ figures with its result, so reading them costs no round trip.
 
 What is built: learners of one slice each on simulated CPU devices, both clocks (under the real one a part's future
 is the actor's `part_done`, awaited off the actor's thread), crashes of a learner or its slice (armed in the actor's
-own injector) and their rejoin on the same slice. Refused with a named field (the run's config check): several
+own injector) and their rejoin on the same slice. A learner's process that ends (killed by the injector,
+`ends=process`, or from outside) is a removed future: found where the learner has to answer, it is read as the loss
+of its slice (`injection.ProcessLost`), and a new actor holding the learner's book as of its last answer takes its
+place, down, to rejoin from Θ. The proxy keeps that book: each answer brings its figures and the rows added since. Refused with a named field (the run's config check): several
 slices per learner, spare or lent slices, the data service, compression, fragments and crash traces. Checkpoints:
 the actor packs its learner's part and the controller's packer takes it in, so a killed driver's rerun resumes with
 new actors.
@@ -31,17 +34,19 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.cluster import devices as devices_lib
 from runtime.config.run import RunConfig
+from runtime.diloco.learner.book import LearnerBook
 from runtime.diloco.learner.interface import Failure
 from runtime.diloco.learner.learner import Learner
+from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, STATE_LOST, WAITING
 from runtime.diloco.learner.parts import RoundPart
 from runtime.diloco.sync import messages
 from runtime.diloco.sync.messages import Delivery, Report
 from runtime.faults import injection
+from runtime.wire.downlink import NO_MIRROR
 
 PyTree = Any
 
-# The book's figures each call brings back (completions and intervals, which grow, are asked for when read)
-_FIGURES = ("status", "round", "tokens", "reports_out", "total_steps", "busy_seconds")
+_ROWS = ("completions", "intervals")  # the book's lists, which only grow: each answer brings the rows added since
 _ONE_SLICE = "backend 'ray': a learner keeps its one slice (the config check refuses the rest)"
 
 
@@ -87,6 +92,10 @@ class ThetaPut:
   def __init__(self):
     self._held: list[tuple[PyTree, Any]] = []  # (Θ, its reference): holding Θ keeps its identity its own
 
+  def newest(self) -> _Theta | None:
+    """The Θ put last (None before the first)."""
+    return _Theta(self._held[-1][1]) if self._held else None
+
   def shared(self, theta: PyTree) -> _Theta:
     import ray  # pylint: disable=g-import-not-at-top
     ref = next((ref for held, ref in self._held if held is theta), None)
@@ -114,9 +123,11 @@ class LearnerHost:
     self._devices = jax.devices()[:num_devices]
     self._host = NamedSharding(devices_lib.slice_mesh([devices_lib.host_device()]), P())
     self._schedule = f.schedule
+    self._sent: tuple[Any, dict[str, int]] = (None, {})  # (the book, how many of its rows each list has sent)
     self._running: dict[int, Any] = {}  # (real clock) serial -> the device results of a part not yet awaited
     self._serials = itertools.count() if run.clock.kind == "real" else None
-    self._learner = Learner(index, slices, [self._devices], run, stream, self._injector, absent=absent)
+    # (no slices: an actor taking the place of a learner whose process ended while it had none, down or stopped)
+    self._learner = Learner(index, slices or -1, [self._devices], run, stream, self._injector, absent=absent)
 
   def call(self, name: str, args: tuple, kwargs: dict) -> tuple[Any, dict]:
     """Runs the learner's method with Θ laid out on the host as the syncer holds it; its result as host values, and
@@ -149,26 +160,49 @@ class LearnerHost:
     running = self._running.pop(serial)
     await asyncio.get_running_loop().run_in_executor(None, jax.block_until_ready, running)
 
-  def read(self, name: str) -> Any:
-    return getattr(self._learner, name)
-
   def figures(self) -> dict:
-    learner = self._learner
-    return dict({k: getattr(learner.book, k) for k in _FIGURES}, slices=learner.slices,
-                slice_index=learner.slice_index, parts=tuple(p.kind for p in learner.parts),
+    """The learner's book (its lists as the rows added since the last figures: a book restored starts them again),
+    where it trains, its parts in flight and their live tokens, and whether Θ waits in its inbox."""
+    learner, book = self._learner, self._learner.book
+    if self._sent[0] is not book:
+      self._sent = (book, dict.fromkeys(_ROWS, 0))
+    sent, rows = self._sent[1], {}
+    for name in _ROWS:
+      kept = getattr(book, name)
+      rows[name], sent[name] = (sent[name], kept[sent[name]:]), len(kept)
+    scalars = {f.name: getattr(book, f.name) for f in dataclasses.fields(book) if f.name not in _ROWS}
+    return dict(book=scalars, rows=rows, slices=learner.slices, slice_index=learner.slice_index,
+                parts=tuple(p.kind for p in learner.parts), live_tokens=learner.parts.live_tokens(),
                 has_theta=learner.inbox is not None)
 
-  def arm(self, how: str, *args) -> None:
-    """The controller's arming of a crash, done in the injector the actor's programs check."""
-    getattr(self._injector, how)(*args)
+  def revive(self, book: dict, now: float, status: str, theta: "_Theta | None") -> tuple[None, dict]:
+    """This new actor takes the place of one whose process ended: the learner's book as of its last answer, then
+    failed as a lost slice fails it (no state, no parts, no slice; `status` DOWN, or FAILED), to rejoin from Θ; its
+    programs compiled first for `theta`'s shapes, if given, on the slice it will rejoin on. A learner that had nothing
+    to lose (down, stopped or absent) keeps its status (`status` ""). One call: an async actor's calls may run out of
+    the order they were made in."""
+    if theta is not None:
+      self.warm_up(theta)
+    self._learner.book = LearnerBook.restored(book)
+    if status:
+      self._learner.fail(now, status)
+    return None, self.figures()
 
-  def snapshot(self, treedefs: dict) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]:
+  def pid(self) -> int:
+    return os.getpid()
+
+  def arm(self, how: str, *args, **kwargs) -> tuple[None, dict]:
+    """The controller's arming of a crash, done in the injector the actor's programs check."""
+    getattr(self._injector, how)(*args, **kwargs)
+    return None, self.figures()
+
+  def snapshot(self, treedefs: dict) -> tuple[tuple[dict, dict[str, np.ndarray], dict[str, str]], dict]:
     """The learner's part of a checkpoint, packed here: its JSON, its arrays on the host, and the groups whose
     program failed (the controller's packer takes them in: snapshot.Packer.fetched)."""
     packer = snapshot_lib.Packer(self._schedule, treedefs, messages.CODECS)
     saved = self._learner.snapshot(packer)
     arrays, failed = snapshot_lib.fetch(packer.groups)
-    return saved, arrays, failed
+    return (saved, arrays, failed), self.figures()
 
   def restore(self, saved: dict, arrays: dict[str, np.ndarray], failed: dict[str, str], treedefs: dict,
               theta: "_Theta") -> tuple[None, dict]:
@@ -177,11 +211,12 @@ class LearnerHost:
     self._learner.restore(saved, unpacker, self._theta(theta))
     return None, self.figures()
 
-  def settle(self) -> None:
+  def settle(self) -> tuple[None, dict]:
     """The run is over: one clean check program on the actor's slice, so an error token a crashed program left there
     is replaced now, not raised at the actor's exit (on a slice that never crashed it changes nothing)."""
     if self._injector is not None:
       self._injector.settle([self._devices])
+    return None, self.figures()
 
   def _inbound(self, value: Any) -> Any:
     if isinstance(value, Delivery) and value.params is not None:
@@ -204,54 +239,129 @@ class LearnerHost:
 
 
 class RayLearner:
-  """The controller's side of a learner in an actor: a LearnerPort whose calls run there, in the order made."""
+  """The controller's side of a learner in an actor: a LearnerPort whose calls run there, in the order made.
+
+  It keeps the learner's book as of the last answer. When the actor's process is found ended, the learner is lost:
+  calls that need its devices raise `injection.ProcessLost` (read as its slice's loss; the controller crashes a lost
+  learner after the event that found it), those of its book are answered from the copy kept here, and `fail` puts a
+  new actor in its place (`_replaced`)."""
 
   def __init__(self, index: int, slices: tuple[int, ...], num_devices: int, run: RunConfig, stream: Any,
                puts: ThetaPut, absent: bool = False):
     import ray  # pylint: disable=g-import-not-at-top
     self._ray, self._puts = ray, puts
     self.index, self.tokens_per_batch = index, stream.tokens_per_batch
-    env = dict(XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}", JAX_PLATFORMS="cpu")
-    actor = ray.remote(LearnerHost).options(num_cpus=0, runtime_env=dict(env_vars=env))
-    self._actor = actor.remote(index, slices, num_devices, run, stream, absent)
+    self._made = (slices, num_devices, run, stream)  # how its actor is made (again, if its process ends)
+    self._book, self._figures = LearnerBook(), {}
+    self._lost: injection.ProcessLost | None = None  # its process found ended, until its crash is handled
+    self._starting: Any = None  # a new actor's first call, not waited for when made
+    self._actor = self._start(slices, absent)
+    self._keep(ray.get(self._actor.figures.remote()))
     self._delivered: Delivery | None = None
-    self._figures: dict = ray.get(self._actor.figures.remote())
 
-  # The book's figures, as of the last call
-  status = property(lambda self: self._figures["status"])
-  round = property(lambda self: self._figures["round"])
-  tokens = property(lambda self: self._figures["tokens"])
-  reports_out = property(lambda self: self._figures["reports_out"])
-  total_steps = property(lambda self: self._figures["total_steps"])
-  busy_seconds = property(lambda self: self._figures["busy_seconds"])
+  def _start(self, slices: tuple[int, ...], absent: bool = False) -> Any:
+    """A new actor for the learner (its process starts in the background)."""
+    _, num_devices, run, stream = self._made
+    env = dict(XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}", JAX_PLATFORMS="cpu")
+    actor = self._ray.remote(LearnerHost).options(num_cpus=0, runtime_env=dict(env_vars=env))
+    return actor.remote(self.index, slices, num_devices, run, stream, absent)
+
+  # The book's figures, as of the last answer
+  status = property(lambda self: self._book.status)
+  round = property(lambda self: self._book.round)
+  tokens = property(lambda self: self._book.tokens)
+  reports_out = property(lambda self: self._book.reports_out)
+  total_steps = property(lambda self: self._book.total_steps)
+  busy_seconds = property(lambda self: self._book.busy_seconds)
+  completions = property(lambda self: self._book.completions)
+  intervals = property(lambda self: self._book.intervals)
   slices = property(lambda self: tuple(self._figures["slices"]))
   slice_index = property(lambda self: self._figures["slice_index"])
-  completions = property(lambda self: self._read("completions"))
-  intervals = property(lambda self: self._read("intervals"))
 
   @property
   def inbox(self) -> Delivery | None:
     return self._delivered if self._figures["has_theta"] else None
 
-  def _read(self, name: str) -> Any:
-    return self._ray.get(self._actor.read.remote(name))
+  def process_lost(self) -> injection.ProcessLost | None:
+    return self._lost
 
-  def _ask(self, method: Any, *args, **kwargs) -> Any:
-    """The actor's `method` run with these arguments: its result, the book's figures kept."""
+  def pid(self) -> int:
+    """Its actor's process id (for tests that end it from outside)."""
+    return self._ray.get(self._actor.pid.remote())
+
+  def _keep(self, figures: dict) -> None:
+    """An answer's book and figures: the book's fields, and the rows its lists gained (from where it says)."""
+    for name, value in figures.pop("book").items():
+      setattr(self._book, name, value)
+    for name, (start, rows) in figures.pop("rows").items():
+      getattr(self._book, name)[start:] = rows
+    self._figures = figures
+
+  def _ask(self, name: str, *args, **kwargs) -> Any:
+    """The actor's method `name` run with these arguments: its result, the book's figures kept. Raises ProcessLost
+    once the actor's process is found ended (now, or before); a learner with nothing on its devices (down, stopped)
+    is given a new process at once and asked there."""
+    if self._lost is not None:
+      raise self._lost
     try:
-      result, self._figures = self._ray.get(method.remote(*args, **kwargs))
+      if self._starting is not None:  # (answered before this call is made)
+        starting, self._starting = self._starting, None
+        self._keep(self._ray.get(starting)[1])
+      result, figures = self._ray.get(getattr(self._actor, name).remote(*args, **kwargs))
     except self._ray.exceptions.RayTaskError as error:
       raise error.cause from None  # the learner's own error, as the controller handles it in process
+    except self._ray.exceptions.RayActorError as error:
+      self._lost = injection.ProcessLost(self.index, injection.describe(error))
+      if self.status not in (*STATE_LOST, ABSENT):
+        raise self._lost from error
+      self._replaced(0.0, "")
+      return self._ask(name, *args, **kwargs)
+    self._keep(figures)
     return result
 
   def _call(self, name: str, *args, **kwargs) -> Any:
-    return self._ask(self._actor.call, name, args, kwargs)
+    return self._ask("call", name, args, kwargs)
 
-  def arm(self, how: str, *args) -> None:
-    self._ray.get(self._actor.arm.remote(how, *args))
+  def _or_book(self, answer: Callable[[], Any], name: str, *args, reads: bool = False) -> Any:
+    """The learner's method `name`, or once its process is found ended, `answer()` from its book as last known (the
+    calls of the controller's loops over learners: a lost learner is crashed after the event, not in the middle). A
+    pure read (`reads`) is answered so too while a new actor is starting: the controller does not wait for it."""
+    if self._lost is None and not (reads and self._still_starting()):
+      try:
+        return self._call(name, *args)
+      except injection.ProcessLost:
+        pass
+    return answer()
+
+  def _still_starting(self) -> bool:
+    """A new actor's first call (`_replaced`) is not answered yet."""
+    return self._starting is not None and not self._ray.wait([self._starting], timeout=0)[0]
+
+  def _replaced(self, now: float, status: str) -> Failure:
+    """A new actor takes the lost one's place, holding the learner's book as of its last answer; `status` (DOWN or
+    FAILED) fails it there as a lost slice fails a learner (or "": it had nothing to lose). What its loss cost: its
+    parts in flight and what it trained since its last report, as in process (Learner.fail)."""
+    book, figures = self._book, self._figures
+    failure = Failure(figures["slice_index"], f", {self._lost}" if status else "",
+                      figures["live_tokens"] + book.unreported_tokens(), book.unreported_busy)
+    placed = bool(status)  # (on its slice until it fails there: its programs compile first)
+    self._actor = self._start(self._made[0] if placed else ())
+    theta = self._puts.newest() if placed else None
+    self._starting, self._lost = self._actor.revive.remote(book.snapshot(), now, status, theta), None
+    if status:  # (the new actor books the same move; its answer is awaited at the next call)
+      book.set_status(f"learner {self.index}", status, now)
+      self._figures = dict(figures, slices=(), slice_index=-1, parts=(), live_tokens=0, has_theta=False)
+    return failure
+
+  def arm(self, how: str, *args, **kwargs) -> None:
+    """Arms (or disarms) a crash in the actor's injector. A lost process has no program to arm; a new one starting
+    has nothing armed, and arms nothing before its first part, which waits for it."""
+    if self._lost is None and not (how == "disarm" and self._starting is not None):
+      self._ask("arm", how, *args, **kwargs)
 
   def settle(self) -> None:
-    self._ray.get(self._actor.settle.remote())
+    if self._lost is None:
+      self._ask("settle")
 
   # Parts in flight
   def parts_in_flight(self) -> int:
@@ -273,18 +383,17 @@ class RayLearner:
     return self._call("seconds_per_step", part)
 
   def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
-    return self._call("needs_theta_at", now, seconds_per_step)
+    return self._or_book(lambda: now, "needs_theta_at", now, seconds_per_step, reads=True)  # (lost: no parts)
 
   def busy_fraction(self, now: float) -> float:
-    return self._call("busy_fraction", now)
+    return self._book.busy_fraction(now)  # (its book's: Learner.busy_fraction)
 
   def device_idle(self) -> float:
-    return self._call("device_idle")
+    return self._or_book(lambda: float("nan"), "device_idle", reads=True)
 
   def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False,
                schedule_at: int | None = None, ahead: int | None = None) -> PartRecord:
-    part = self._ask(self._actor.dispatch, kind, steps, now, modeled_seconds, armed=armed, schedule_at=schedule_at,
-                     ahead=ahead)
+    part = self._ask("dispatch", kind, steps, now, modeled_seconds, armed=armed, schedule_at=schedule_at, ahead=ahead)
     if part.serial < 0:
       return part
     return dataclasses.replace(part, future=_PartDone(self._actor.part_done.remote(part.serial)))
@@ -306,13 +415,15 @@ class RayLearner:
     self._call("report_sent", dataclasses.replace(report, params=None))  # (its book reads the counts only)
 
   def report_settled(self, report: Report, merged: bool) -> None:
-    self._call("report_settled", dataclasses.replace(report, params=None), merged)
+    report = dataclasses.replace(report, params=None)
+    self._or_book(lambda: self._book.settled(report, merged), "report_settled", report, merged)
 
   def owed_fragment(self) -> int:
-    return self._call("owed_fragment")
+    return self._or_book(lambda: 0, "owed_fragment", reads=True)  # (one fragment with backend "ray")
 
   def live_bases(self) -> tuple[tuple[int, int], ...]:
-    return self._call("live_bases")
+    # (its book's base: one fragment and Θ sent whole with backend "ray", as Learner.live_bases reads it then)
+    return self._or_book(lambda: ((NO_MIRROR, self._book.base_version),), "live_bases", reads=True)
 
   def theta_landing(self) -> Callable[[PyTree], Any] | None:
     return None  # (the actor lays Θ out itself when it adopts it)
@@ -329,10 +440,10 @@ class RayLearner:
 
   # Its status, when nothing runs
   def finish(self, now: float) -> None:
-    self._call("finish", now)
+    self._or_book(lambda: self._book.set_status(f"learner {self.index}", DONE, now), "finish", now)
 
   def wait(self, now: float) -> None:
-    self._call("wait", now)
+    self._or_book(lambda: self._book.set_status(f"learner {self.index}", WAITING, now), "wait", now)
 
   def reconfigure(self, now: float) -> None:
     self._call("reconfigure", now)
@@ -349,7 +460,7 @@ class RayLearner:
     del host_sharding  # (the actor's own host)
     if where is not None:
       raise NotImplementedError(_ONE_SLICE)
-    self._ask(self._actor.warm_up, self._puts.shared(theta_host))
+    self._ask("warm_up", self._puts.shared(theta_host))
 
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
     self._call("reset", self._puts.shared(theta_host), version, now)
@@ -358,8 +469,14 @@ class RayLearner:
     del slices, groups
     raise NotImplementedError(_ONE_SLICE)
 
-  def fail(self, now: float, status: str = "down") -> Failure:
-    return self._call("fail", now, status)
+  def fail(self, now: float, status: str = DOWN) -> Failure:
+    """Its slice failed: in its actor as in process; a lost process is replaced (`_replaced`)."""
+    if self._lost is None:
+      try:
+        return self._call("fail", now, status)
+      except injection.ProcessLost:
+        pass
+    return self._replaced(now, status)
 
   def lose_part(self, now: float) -> Failure:
     return self._call("lose_part", now)
@@ -369,10 +486,10 @@ class RayLearner:
 
   def rejoin(self, slice_index: int, devices: list[Any], theta_host: PyTree, version: int, now: float) -> None:
     del devices  # (the actor's own)
-    self._ask(self._actor.rejoin, slice_index, self._puts.shared(theta_host), version, now)
+    self._ask("rejoin", slice_index, self._puts.shared(theta_host), version, now)
 
   def give_back_unreported(self) -> None:
-    self._call("give_back_unreported")
+    self._or_book(lambda: None, "give_back_unreported")  # (nothing leased with backend "ray")
 
   def join_schedule(self, total_steps: int) -> None:
     self._call("join_schedule", total_steps)
@@ -385,21 +502,22 @@ class RayLearner:
 
   # Checkpoints: the actor packs its part, the controller's packer takes it in under the learner's own keys
   def snapshot(self, packer: snapshot_lib.Packer) -> dict:
-    saved, arrays, failed = self._ray.get(self._actor.snapshot.remote(packer.treedefs))
+    saved, arrays, failed = self._ask("snapshot", packer.treedefs)
     return packer.fetched(saved, arrays, failed, prefix=f"learner{self.index}:")
 
   def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker, theta_host: PyTree) -> None:
-    self._ask(self._actor.restore, saved, unpacker.arrays_named(saved), unpacker.failed, unpacker.treedefs,
+    self._ask("restore", saved, unpacker.arrays_named(saved), unpacker.failed, unpacker.treedefs,
               self._puts.shared(theta_host))
     self._delivered = unpacker.value(saved["inbox"])  # (its Θ, should it have to go again)
 
   def close(self) -> None:
     """Its data stream stops; the actor answers for its book until the last handle to it goes (Ray ends it then). An
     actor already gone has nothing to stop (the run's own error, if any, is the one raised)."""
-    try:
-      self._call("close")
-    except self._ray.exceptions.RayActorError:
-      pass
+    if self._lost is None:
+      try:
+        self._call("close")
+      except injection.ProcessLost:
+        pass
 
 
 class RemoteArming:
@@ -409,11 +527,11 @@ class RemoteArming:
   def __init__(self, learners: list[RayLearner]):
     self._learners = learners
 
-  def arm(self, learner: int, step: int | None) -> None:
-    self._learners[learner].arm("arm", learner, step)
+  def arm(self, learner: int, step: int | None, kill: bool = False) -> None:
+    self._learners[learner].arm("arm", learner, step, kill=kill)
 
-  def arm_next(self, learner: int) -> None:
-    self._learners[learner].arm("arm_next", learner)
+  def arm_next(self, learner: int, kill: bool = False) -> None:
+    self._learners[learner].arm("arm_next", learner, kill=kill)
 
   def disarm(self, learner: int) -> None:
     self._learners[learner].arm("disarm", learner)

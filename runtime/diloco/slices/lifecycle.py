@@ -16,6 +16,7 @@ from absl import logging
 
 from runtime.cluster import multislice
 from runtime.cluster.slice_pool import SlicePool
+from runtime.config.faults import Fault
 from runtime.config.run import RunConfig
 from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
@@ -80,7 +81,7 @@ class SliceLifecycle:
     (the virtual clock models the crash's time and arms its step at dispatch: `arm_crash`)."""
     if self.run.clock.kind != "real" or self.injector is None or learner is None or not learner.parts_in_flight():
       return False
-    self.injector.arm_next(learner.index)
+    self.injector.arm_next(learner.index, kill=_ends_process(event.payload))
     self._surfacing[learner.index] = (event, self.clock.now())
     return True
 
@@ -114,11 +115,12 @@ class SliceLifecycle:
     if self.injector is None:
       return None
     if learner.index in self._surfacing:  # (real clock) its crash fails this part (or one still in flight) now
-      self.injector.arm_next(learner.index)
+      self.injector.arm_next(learner.index, kill=_ends_process(self._surfacing[learner.index][0].payload))
       return None
     now = self.clock.now()
     crash = self.crashes.in_round(learner.index, learner.slices, learner.total_steps, steps, now, modeled)
-    self.injector.arm(learner.index, None if crash is None else crash.step)
+    self.injector.arm(learner.index, None if crash is None else crash.step,
+                      kill=crash is not None and _ends_process(crash.fault))
     if crash is None or not modeled:
       return None
     if crash.fault is not None:
@@ -161,10 +163,18 @@ class SliceLifecycle:
     if injection.slice_lost(error):
       if learner.index in self._surfacing:  # the crash armed in it (real clock)
         self._crash_surfaced(learner, f", {where}: {injection.describe(error)}")
-      else:
-        self.crash(learner, f"{where}: {injection.describe(error)}")
+      else:  # (a step-scheduled crash armed in it, under the real clock, brings its own repair time)
+        self.crash(learner, f"{where}: {injection.describe(error)}", self.crashes.armed_repair(learner.index))
     else:
       self._stop(learner, f"{where}: {injection.describe(error)}", error)
+
+  def crash_lost(self) -> None:
+    """Learners whose own process was found ended (a learner in a Ray actor: LearnerPort.process_lost) crash as on
+    their slice's loss (a crash armed to end it, under the real clock, is handled as its event)."""
+    for learner in self.learners:
+      lost = learner.process_lost()
+      if lost is not None:
+        self.failed(learner, "found", lost)
 
   def _stop(self, learner: LearnerPort, why: str, error: Exception) -> None:
     """Stops the learner for good: its future removed, its unmerged work written off for the others to train, its
@@ -311,3 +321,8 @@ class SliceLifecycle:
     self.pool.restore(saved["pool"])
     self.crashes.restore(saved["crashes"])
     self.lent = {s: m for s, m in saved["lent"]}
+
+
+def _ends_process(fault: Any) -> bool:
+  """True for a scheduled crash that ends its learner's process (`ends=process`) rather than its program."""
+  return isinstance(fault, Fault) and fault.ends == "process"
