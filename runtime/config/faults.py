@@ -26,9 +26,10 @@ _FIELDS = {
     "bug": {"learner": int, "time": float},  # from `time` on, every dispatch of the learner's program fails
 }
 # how=flip|truncate damage a compressed report's payload bytes (runtime/wire/payload.py). A crash ends=program fails
-# the learner's program (the default), ends=process kills its process mid-step (a learner in a Ray actor).
+# the learner's program (the default); ends=process kills its process mid-step, ends=hang stops it there for good,
+# answering nothing until its deadline kills it (a learner in a Ray actor).
 _CHOICES = {"how": ("nan", "inf", "huge", "flip", "truncate"), "mode": ("delay", "drop"),
-            "ends": ("program", "process")}
+            "ends": ("program", "process", "hang")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Fault:
   mode: str = "delay"
   repair: float = -1.0  # < 0: the config's repair_seconds
   slice: int = -1  # crash: only the learner's slice of this index fails (a learner of several); < 0: all of them
-  ends: str = "program"  # crash: what it ends, the learner's program or its process (SIGKILL, backend 'ray')
+  ends: str = "program"  # crash: what it ends: the program, the process (SIGKILL), or it hangs (backend ray)
   text: str = dataclasses.field(default="", compare=False)  # as written in the schedule, for messages
 
 
@@ -135,8 +136,8 @@ def validate(run) -> None:
     check(fault.slice < run.slices_per_learner, "faults.schedule", fault.text,
           f"slice in [0, slices_per_learner={run.slices_per_learner}) (the learner's J-th slice), or no slice field")
     check(fault.ends == "program" or (run.backend == "ray" and run.clock.kind == "real"), "faults.schedule",
-          fault.text, "ends=program unless backend is 'ray' and clock.kind 'real' (ends=process kills the learner's "
-          "own process: only a learner in a Ray actor has one, and only wall time has a moment for its end)")
+          fault.text, "ends=program unless backend is 'ray' and clock.kind 'real' (ends=process or hang end or hang "
+          "the learner's own process: only a learner in a Ray actor has one, and only wall time has a moment for it)")
   check(f.time_scale > 0, "faults.time_scale", f.time_scale, "a float > 0 (the run's seconds per trace second)")
   if f.trace:  # a trace replaces the random crashes, fits the job's slices, and has no syncer failures (not replayed)
     check(f.mtbi_chip_seconds == 0, "faults.mtbi_chip_seconds", f.mtbi_chip_seconds,

@@ -40,8 +40,9 @@ POSITIONS = ("rotary", "learned")
 DTYPES = ("float32", "bfloat16")
 # Fields that change nothing a run computes (its records and results): they are not part of a run's name, and a run
 # resumes whatever they are now.
-QUIET_FIELDS = ("progress", "tensorboard", "compile_cache", "backend", "ray.address", "checkpoint_every",
-                "checkpoint_seconds", "checkpoint_wall_seconds", "checkpoint_keep", "resume", "save_model_every")
+QUIET_FIELDS = ("progress", "tensorboard", "compile_cache", "backend", "ray.address", "ray.hang_seconds",
+                "ray.hang_factor", "checkpoint_every", "checkpoint_seconds", "checkpoint_wall_seconds",
+                "checkpoint_keep", "resume", "save_model_every")
 # Fields a run resumes under whatever they are now: the quiet ones, and when it evaluates, what it logs and how many
 # batches its loader prepares ahead. Every other field changes the training, and a changed one is refused on resume.
 RESUMABLE_FIELDS = (*QUIET_FIELDS, "eval_every", "log_every", "data.prefetch")
@@ -130,6 +131,11 @@ class RayConfig:
   """backend "ray": the cluster its learners' actors run on."""
 
   address: str = ""  # "": a local cluster started for the run (none running); "auto" or "host:port": join that one
+  # Under the real clock a learner that does not answer by its deadline is hung: its process is killed and it
+  # crashes. A call's deadline is hang_seconds (hang_factor times that for a call that compiles); a part's is
+  # hang_seconds + hang_factor x its expected time (its steps, and those ahead of it, at its last step rate).
+  hang_seconds: float = 120.0
+  hang_factor: float = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,6 +415,8 @@ def _validate(run: RunConfig) -> None:
     _validate_ray(run)
   check(not run.ray.address or run.backend == "ray", "ray.address", run.ray.address,
         "'' unless backend is 'ray' (the cluster its learners' actors run on)")
+  check(run.ray.hang_seconds > 0, "ray.hang_seconds", run.ray.hang_seconds, "a number of seconds > 0")
+  check(run.ray.hang_factor >= 1, "ray.hang_factor", run.ray.hang_factor, "a number >= 1")
   if run.mode != "dp":
     check(run.learners <= run.num_devices or run.share_devices, "learners", run.learners, f"at most num_devices "
           f"({run.num_devices}): each learner needs a slice of at least one device (raise num_devices, use fewer "

@@ -7,7 +7,8 @@ as INTERNAL). On a slice of one device the check runs once, in a program queued 
 (runtime/diloco/learner/placement.py says why), and fails the part's outputs at its end instead. A program
 bug is injected at dispatch, as the INVALID_ARGUMENT error a broken program raises there, every
 time: it is no lost slice. A crash that ends its process (a learner in a Ray actor, `ends=process`) kills the
-process from the same check, so the controller learns of it as of any process that died: `ProcessLost`.
+process from the same check, so the controller learns of it as of any process that died: `ProcessLost`; one that
+hangs it (`ends=hang`) stops there for good, until the controller's deadline kills the process.
 """
 
 import contextlib
@@ -64,29 +65,29 @@ class Injector:
     self._lock = threading.Lock()  # (checks run on the devices' threads, arming on the controller's)
     self._armed = [_NEVER] * num_learners
     self._reached = [-1] * num_learners  # the furthest inner step any device of the learner's programs checked
-    self._kills = [False] * num_learners  # its armed crash ends the process (SIGKILL) instead of raising
+    self._ends = ["program"] * num_learners  # what its armed crash ends (config.faults: crash's `ends`)
     self._schedule = tuple(schedule)
 
-  def arm(self, learner: int, step: int | None, kill: bool = False) -> None:
+  def arm(self, learner: int, step: int | None, ends: str = "program") -> None:
     """The learner's program raises when it reaches inner step `step` (its global step count); None disarms. For a
-    program not yet dispatched: one in flight may have devices on either side of `step` (see `arm_next`). `kill`:
-    instead of raising, the program ends its own process there (a learner in a process of its own: the config
-    check allows it with backend 'ray' only)."""
+    program not yet dispatched: one in flight may have devices on either side of `step` (see `arm_next`). `ends`
+    "process": instead of raising, the program ends its own process there; "hang": it stops there and never
+    answers (a learner in a process of its own: the config check allows either with backend 'ray' only)."""
     with self._lock:
       self._armed[learner] = _NEVER if step is None else step
-      self._kills[learner] = kill and step is not None
+      self._ends[learner] = ends
 
-  def arm_next(self, learner: int, kill: bool = False) -> None:
+  def arm_next(self, learner: int, ends: str = "program") -> None:
     """Arms the learner's programs in flight to raise at the inner step after the furthest any of their devices has
     checked. Every device of a program then raises at that same step: armed at a step that one device had passed and
     another not, the second would raise while the first waited for it, forever, in that step's collective."""
     with self._lock:
-      self._armed[learner], self._kills[learner] = self._reached[learner] + 1, kill
+      self._armed[learner], self._ends[learner] = self._reached[learner] + 1, ends
 
   def disarm(self, learner: int) -> None:
     """Nothing armed; the learner's programs are gone (its next may start at a lower step, after a rejoin)."""
     with self._lock:
-      self._armed[learner], self._reached[learner], self._kills[learner] = _NEVER, -1, False
+      self._armed[learner], self._reached[learner], self._ends[learner] = _NEVER, -1, "program"
 
   def settle(self, slices: Sequence[Sequence[jax.Device]]) -> None:
     """Runs one clean effectful program on each slice whose program crashed, so the failed program's
@@ -102,9 +103,11 @@ class Injector:
     step = int(step)
     with self._lock:
       self._reached[learner] = max(self._reached[learner], step)
-      fails, kill = step >= self._armed[learner], self._kills[learner]
-    if fails and kill:
+      fails, ends = step >= self._armed[learner], self._ends[learner]
+    if fails and ends == "process":
       os.kill(os.getpid(), signal.SIGKILL)  # the process ends here, as a machine's loss ends it
+    if fails and ends == "hang":
+      threading.Event().wait()  # it stops here and never answers, as a wedged device does (its process is killed)
     if fails:
       raise SliceCrash(f"injected crash of learner {learner}'s slice at inner step {step}")
 

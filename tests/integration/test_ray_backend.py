@@ -100,11 +100,11 @@ def test_under_the_real_clock_learners_in_actors_train_to_the_budget_through_a_c
   assert result.extras["merges"] >= 6 and result.final_eval_loss < 4.0  # (uniform over bytes: 5.5)
 
 
-def _killed_run(tmp_path, schedule: str, kill_at_step: int | None = None):
+def _killed_run(tmp_path, schedule: str, kill_at_step: int | None = None, hang_seconds: float = 120.0):
   """A real-clock run whose learner 1 loses its process: by the injector (`schedule`), or SIGKILLed from outside once
   it has trained `kill_at_step` inner steps. Its controller, result, records and learner 1's first process id."""
   config = _smoke("ray", schedule)
-  config.clock.kind = "real"
+  config.clock.kind, config.ray.hang_seconds = "real", hang_seconds
   if kill_at_step is not None:
     config.faults.repair_seconds = 0.5  # (the injector's crash gives its own)
   run = modes.prepare(config)
@@ -121,15 +121,17 @@ def _killed_run(tmp_path, schedule: str, kill_at_step: int | None = None):
   return controller, result, _records(tmp_path / "decoupled"), first, run
 
 
-def _assert_replaced(controller, result, records, first, run):
-  """Learner 1 crashed once with its process, rejoined on a new actor and trained there; every token merged once."""
+def _assert_replaced(controller, result, records, first, run, why: str = "process ended", rejoins: bool = True):
+  """Learner 1 crashed once with its process and has a new actor, on which it rejoined and trained (if `rejoins`:
+  a hang found late may leave it nothing to train); every token merged once."""
   crashes = [r for r in records if r.get("fault") == "crash"]
-  assert [r["learner"] for r in crashes] == [1] and "process ended" in crashes[0]["detail"], crashes
-  rejoin = next(r for r in records if r.get("fault") == "rejoin")
-  assert rejoin["learner"] == 1 and rejoin["time"] > crashes[0]["time"]
+  assert [r["learner"] for r in crashes] == [1] and why in crashes[0]["detail"], crashes
   learner = controller.learners[1]
   assert learner.pid() != first  # a new process
-  assert any(at > rejoin["time"] for at, _ in learner.completions)  # which trained
+  if rejoins:
+    rejoin = next(r for r in records if r.get("fault") == "rejoin")
+    assert rejoin["learner"] == 1 and rejoin["time"] > crashes[0]["time"]
+    assert any(at > rejoin["time"] for at, _ in learner.completions)  # which trained
   assert result.tokens == run.token_budget  # the budget merged (tokens written off were trained again) ...
   for m in range(2):  # ... and no batch of a learner's data twice
     ranges = sorted((a, b) for who, a, b in controller.log.merged_ranges if who == m)
@@ -146,6 +148,17 @@ def test_a_learner_whose_process_the_injector_kills_mid_round_rejoins_on_a_new_a
 def test_a_learner_whose_process_is_killed_from_outside_rejoins_on_a_new_actor(cluster, tmp_path):
   del cluster
   _assert_replaced(*_killed_run(tmp_path, "", kill_at_step=20))
+
+
+def test_a_hung_learner_is_killed_at_its_deadline_and_rejoins_on_a_new_actor(cluster, tmp_path):
+  # ends=hang: at inner step 24 the actor's step check stops for good; nothing answers, nothing dies, until the
+  # part's (or a call's) deadline of ~5 s kills the process
+  del cluster
+  started = time.monotonic()
+  killed = _killed_run(tmp_path, "crash:learner=1,step=24,ends=hang,repair=0.5", hang_seconds=5.0)
+  _assert_replaced(*killed, why="learner 1's process ended: hung: ", rejoins=False)
+  crash = next(r for r in killed[2] if r.get("fault") == "crash")
+  assert 5.0 <= crash["time"] < time.monotonic() - started  # (at its deadline: after it, and before the run ended)
 
 
 @pytest.mark.slow  # a cluster of its own, started and stopped around one launch (~40 s)
@@ -195,6 +208,7 @@ def test_a_run_joins_a_running_cluster_at_its_address_and_leaves_it_running(tmp_
     ("data.assignment", "service", "'shards' with backend 'ray'"),
     ("ray.address", "auto", "'' unless backend is 'ray'"),
     ("fragments", 2, "1 with backend 'ray'"),
+    ("ray.hang_seconds", 0.0, "a number of seconds > 0"),
 ])
 def test_what_the_ray_backend_has_not_built_is_refused_naming_the_field(field, value, allowed):
   config = _smoke("local" if field == "ray.address" else "ray")

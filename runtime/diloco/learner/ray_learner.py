@@ -46,6 +46,7 @@ from runtime.wire.downlink import NO_MIRROR
 
 PyTree = Any
 
+_COMPILING = ("warm_up", "revive")  # the actor's calls that compile its programs (their deadline is longer)
 _ROWS = ("completions", "intervals")  # the book's lists, which only grow: each answer brings the rows added since
 _ONE_SLICE = "backend 'ray': a learner keeps its one slice (the config check refuses the rest)"
 
@@ -67,15 +68,27 @@ class PartRecord:
 class _PartDone:
   """A part's future on the controller's side (real clock): the clock's waiter blocks on it as on a part's device
   arrays (jax.block_until_ready calls `block_until_ready` on it), and it returns when the part has finished in the
-  actor, raising its device error if it failed."""
+  actor, raising its device error if it failed, or its actor's death; a part not done by its deadline is a hang
+  (`hung` kills the actor, whose death it then raises)."""
 
-  def __init__(self, done: Any):
+  def __init__(self, done: Any, deadline: float, hung: Callable[[str], None]):
     self._done = done  # the ObjectRef of the actor's `part_done`
+    self._deadline, self._hung = deadline, hung
 
   def block_until_ready(self) -> "_PartDone":
-    import ray  # pylint: disable=g-import-not-at-top
-    ray.get(self._done)
+    _answer(self._done, self._deadline, lambda: self._hung(f"hung: its part not done in {self._deadline:.1f} s"))
     return self
+
+
+def _answer(ref: Any, deadline: float | None, hung: Callable[[], None]) -> Any:
+    """The answer at `ref`; if none comes by the deadline (seconds), `hung()` kills its actor, and the actor's death
+    is raised (RayActorError), as for one that died."""
+    import ray  # pylint: disable=g-import-not-at-top
+    try:
+      return ray.get(ref, timeout=deadline)
+    except ray.exceptions.GetTimeoutError:
+      hung()
+      return ray.get(ref)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +267,10 @@ class RayLearner:
     self._made = (slices, num_devices, run, stream)  # how its actor is made (again, if its process ends)
     self._book, self._figures = LearnerBook(), {}
     self._lost: injection.ProcessLost | None = None  # its process found ended, until its crash is handled
+    self._hung: str | None = None  # why its actor was killed for a hang
+    # (real clock) deadlines: ray.hang_seconds and hang_factor, and its step time as last measured
+    self._hang = (run.ray.hang_seconds, run.ray.hang_factor) if run.clock.kind == "real" else None
+    self._step_seconds = 0.0
     self._starting: Any = None  # a new actor's first call, not waited for when made
     self._actor = self._start(slices, absent)
     self._keep(ray.get(self._actor.figures.remote()))
@@ -306,12 +323,12 @@ class RayLearner:
     try:
       if self._starting is not None:  # (answered before this call is made)
         starting, self._starting = self._starting, None
-        self._keep(self._ray.get(starting)[1])
-      result, figures = self._ray.get(getattr(self._actor, name).remote(*args, **kwargs))
+        self._keep(self._answer(starting, "revive")[1])
+      result, figures = self._answer(getattr(self._actor, name).remote(*args, **kwargs), name)
     except self._ray.exceptions.RayTaskError as error:
       raise error.cause from None  # the learner's own error, as the controller handles it in process
     except self._ray.exceptions.RayActorError as error:
-      self._lost = injection.ProcessLost(self.index, injection.describe(error))
+      self._lost = injection.ProcessLost(self.index, self._hung or injection.describe(error))
       if self.status not in (*STATE_LOST, ABSENT):
         raise self._lost from error
       self._replaced(0.0, "")
@@ -321,6 +338,21 @@ class RayLearner:
 
   def _call(self, name: str, *args, **kwargs) -> Any:
     return self._ask("call", name, args, kwargs)
+
+  def _answer(self, ref: Any, name: str) -> Any:
+    """The answer to the actor's call `name`: by its deadline (real clock), or the actor is killed for a hang."""
+    deadline = None
+    if self._hang is not None:
+      deadline = self._hang[0] * (self._hang[1] if name in _COMPILING else 1.0)
+    actor = self._actor
+    return _answer(ref, deadline, lambda: self._kill(actor, f"hung: no answer to {name} in {deadline:g} s"))
+
+  def _kill(self, actor: Any, why: str) -> None:
+    """Its actor is hung: its process is killed (unless already replaced), and its loss will say `why`. (Called on
+    the clock's waiting thread too: a part past its deadline.)"""
+    if actor is self._actor:
+      self._hung = why
+      self._ray.kill(actor, no_restart=True)
 
   def _or_book(self, answer: Callable[[], Any], name: str, *args, reads: bool = False) -> Any:
     """The learner's method `name`, or once its process is found ended, `answer()` from its book as last known (the
@@ -347,7 +379,7 @@ class RayLearner:
     placed = bool(status)  # (on its slice until it fails there: its programs compile first)
     self._actor = self._start(self._made[0] if placed else ())
     theta = self._puts.newest() if placed else None
-    self._starting, self._lost = self._actor.revive.remote(book.snapshot(), now, status, theta), None
+    self._starting, self._lost, self._hung = self._actor.revive.remote(book.snapshot(), now, status, theta), None, None
     if status:  # (the new actor books the same move; its answer is awaited at the next call)
       book.set_status(f"learner {self.index}", status, now)
       self._figures = dict(figures, slices=(), slice_index=-1, parts=(), live_tokens=0, has_theta=False)
@@ -380,7 +412,8 @@ class RayLearner:
     return self._call("parts_end_at", seconds_per_step)
 
   def seconds_per_step(self, part: Any) -> float:
-    return self._call("seconds_per_step", part)
+    self._step_seconds = self._call("seconds_per_step", part)  # (kept: its parts' deadlines follow it)
+    return self._step_seconds
 
   def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
     return self._or_book(lambda: now, "needs_theta_at", now, seconds_per_step, reads=True)  # (lost: no parts)
@@ -396,7 +429,11 @@ class RayLearner:
     part = self._ask("dispatch", kind, steps, now, modeled_seconds, armed=armed, schedule_at=schedule_at, ahead=ahead)
     if part.serial < 0:
       return part
-    return dataclasses.replace(part, future=_PartDone(self._actor.part_done.remote(part.serial)))
+    seconds, factor = self._hang
+    expected = steps * self._step_seconds * self.parts_in_flight()  # (its steps and those queued ahead of it)
+    actor = self._actor
+    return dataclasses.replace(part, future=_PartDone(self._actor.part_done.remote(part.serial),
+                                                      seconds + factor * expected, lambda why: self._kill(actor, why)))
 
   def collect(self, now: float) -> PartRecord:
     return self._call("collect", now)
@@ -527,11 +564,11 @@ class RemoteArming:
   def __init__(self, learners: list[RayLearner]):
     self._learners = learners
 
-  def arm(self, learner: int, step: int | None, kill: bool = False) -> None:
-    self._learners[learner].arm("arm", learner, step, kill=kill)
+  def arm(self, learner: int, step: int | None, ends: str = "program") -> None:
+    self._learners[learner].arm("arm", learner, step, ends=ends)
 
-  def arm_next(self, learner: int, kill: bool = False) -> None:
-    self._learners[learner].arm("arm_next", learner, kill=kill)
+  def arm_next(self, learner: int, ends: str = "program") -> None:
+    self._learners[learner].arm("arm_next", learner, ends=ends)
 
   def disarm(self, learner: int) -> None:
     self._learners[learner].arm("disarm", learner)

@@ -81,7 +81,7 @@ class SliceLifecycle:
     (the virtual clock models the crash's time and arms its step at dispatch: `arm_crash`)."""
     if self.run.clock.kind != "real" or self.injector is None or learner is None or not learner.parts_in_flight():
       return False
-    self.injector.arm_next(learner.index, kill=_ends_process(event.payload))
+    self.injector.arm_next(learner.index, ends=_ends(event.payload))
     self._surfacing[learner.index] = (event, self.clock.now())
     return True
 
@@ -115,12 +115,12 @@ class SliceLifecycle:
     if self.injector is None:
       return None
     if learner.index in self._surfacing:  # (real clock) its crash fails this part (or one still in flight) now
-      self.injector.arm_next(learner.index, kill=_ends_process(self._surfacing[learner.index][0].payload))
+      self.injector.arm_next(learner.index, ends=_ends(self._surfacing[learner.index][0].payload))
       return None
     now = self.clock.now()
     crash = self.crashes.in_round(learner.index, learner.slices, learner.total_steps, steps, now, modeled)
     self.injector.arm(learner.index, None if crash is None else crash.step,
-                      kill=crash is not None and _ends_process(crash.fault))
+                      ends=_ends(crash.fault if crash is not None else None))
     if crash is None or not modeled:
       return None
     if crash.fault is not None:
@@ -323,6 +323,6 @@ class SliceLifecycle:
     self.lent = {s: m for s, m in saved["lent"]}
 
 
-def _ends_process(fault: Any) -> bool:
-  """True for a scheduled crash that ends its learner's process (`ends=process`) rather than its program."""
-  return isinstance(fault, Fault) and fault.ends == "process"
+def _ends(fault: Any) -> str:
+  """What a crash ends: its learner's program, or (a scheduled crash's `ends`) its process, or it hangs it."""
+  return fault.ends if isinstance(fault, Fault) else "program"
