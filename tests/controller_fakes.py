@@ -146,6 +146,9 @@ class FakeLog:
   def evaluate(self, params, version, now, stamp, force=False) -> None:
     pass
 
+  def spent(self, call: str, seconds: float) -> None:
+    del call, seconds
+
   def adopted(self, seconds: float) -> None:
     pass
 

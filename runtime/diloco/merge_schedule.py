@@ -135,7 +135,8 @@ class MergeSchedule:
     self._slices.settled()
     stamp = self._clock.wall_stamp()  # (wall times and host stage times: real clock only, never in modeled records)
     if stamp:
-      stamp.update({f"host_{stage}": s for stage, s in made.stages.items()}, host_adopt_s=self._log.take_adopt_seconds())
+      stamp.update({f"host_{stage}": s for stage, s in made.stages.items()},
+                   host_adopt_s=self._log.take_adopt_seconds(), **self._log.take_host_seconds())
     self._log.merge(result, reports, now, stamp, self._learners, self.grace_seconds(result.fragment),
                     self._syncer.quorum(self.able(result.fragment)), self._budget.ledger.goodput(now), made.lrs)
     self._log.evaluate(self._syncer.params, self._syncer.version, self._clock.now(), self._clock.wall_stamp())

@@ -180,7 +180,9 @@ class Rounds:
   # Reports up ---------------------------------------------------------------------------------------
 
   def _send_report(self, learner: LearnerPort, now: float) -> None:
+    started = time.perf_counter()
     report = learner.report(now)
+    self._log.spent("report", time.perf_counter() - started)
     delay = self._links.send_up(learner.index, now, report.payload, report.fragment)
     if delay is None:  # as if never sent: the learner times out and trains it again
       self._budget.lose(0, report.busy_seconds, ("link_drop", learner.index, f"report of {report.tokens} tokens lost"))
@@ -202,8 +204,10 @@ class Rounds:
   # Θ down --------------------------------------------------------------------------------------------
 
   def on_params_arrived(self, event: Event) -> None:
-    learner = self._learners[event.learner]
-    if learner.deliver(event.payload) and learner.status == WAITING:
+    learner, started = self._learners[event.learner], time.perf_counter()
+    kept = learner.deliver(event.payload)
+    self._log.spent("deliver", time.perf_counter() - started)
+    if kept and learner.status == WAITING:
       self._adopt(learner)
     elif learner.has_theta():  # adopted behind its part in flight if a second may be queued
       self.top_up(learner)

@@ -2,6 +2,7 @@
 
 import concurrent.futures
 import math
+import time
 from typing import Any, Sequence
 
 import jax
@@ -46,16 +47,33 @@ class RunLog:
     self._evaluated_version = -1
     self._eval_marks = Marks(run.eval_every * run.tokens_per_step)
     self._adopt_seconds: list[float] = []  # host time of each adoption since the last merge record
+    # Since the last merge record (real clock): the controller's host seconds in learners' `report` and `deliver`
+    # calls (a learner in another process: its report's and Θ's way), and its thread's CPU seconds
+    self._calls = dict.fromkeys(("report", "deliver"), 0.0)
+    self._cpu_mark = time.thread_time()
 
   def open(self, logger: MetricsLogger) -> None:
     """Records go to `logger` from now on (it keeps the records of a resumed run, which the tallies continue)."""
     self.logger, self.wall = logger, Stopwatch(self._wall_before)
+    self._cpu_mark = time.thread_time()  # (the controller's thread opens the records and runs the loop)
     self.merges = [r for r in logger.records if r["kind"] == "merge"]
     self.faults = [r for r in logger.records if r["kind"] == "fault"]
 
   def adopted(self, seconds: float) -> None:
     """A learner adopted Θ in `seconds` of host time."""
     self._adopt_seconds.append(seconds)
+
+  def spent(self, call: str, seconds: float) -> None:
+    """The controller spent `seconds` of host time in a learner's `call` ("report" or "deliver")."""
+    self._calls[call] += seconds
+
+  def take_host_seconds(self) -> dict[str, float]:
+    """For the merge record (real clock), since the last one: the host seconds in learners' report and deliver calls,
+    and the controller thread's CPU seconds (called on that thread)."""
+    cpu, self._cpu_mark = time.thread_time() - self._cpu_mark, time.thread_time()
+    taken = {f"host_{call}_s": seconds for call, seconds in self._calls.items()}
+    self._calls = dict.fromkeys(self._calls, 0.0)
+    return dict(taken, host_controller_cpu_s=cpu)
 
   def take_adopt_seconds(self) -> float:
     """The mean host time of the adoptions since the last call (NaN if none), for the merge record."""

@@ -13,10 +13,11 @@ is the actor's `part_done`, awaited off the actor's thread), crashes of a learne
 own injector) and their rejoin on the same slice. A learner's process that ends (killed by the injector,
 `ends=process`, or from outside) is a removed future: found where the learner has to answer, it is read as the loss
 of its slice (`injection.ProcessLost`), and a new actor holding the learner's book as of its last answer takes its
-place, down, to rejoin from Θ. The proxy keeps that book: each answer brings its figures and the rows added since. Refused with a named field (the run's config check): several
-slices per learner, spare or lent slices, the data service, compression, fragments and crash traces. Checkpoints:
-the actor packs its learner's part and the controller's packer takes it in, so a killed driver's rerun resumes with
-new actors.
+place, down, to rejoin from Θ (the proxy keeps that book: each answer brings its figures and the rows added since);
+under the real clock one that does not answer by its deadline is hung, and killed. Refused with a named field (the
+run's config check): several slices per learner, spare or lent slices, the data service, compression, fragments and
+crash traces. Checkpoints: the actor packs its learner's part and the controller's packer takes it in, so a killed
+driver's rerun resumes with new actors.
 """
 
 import asyncio
@@ -81,14 +82,14 @@ class _PartDone:
 
 
 def _answer(ref: Any, deadline: float | None, hung: Callable[[], None]) -> Any:
-    """The answer at `ref`; if none comes by the deadline (seconds), `hung()` kills its actor, and the actor's death
-    is raised (RayActorError), as for one that died."""
-    import ray  # pylint: disable=g-import-not-at-top
-    try:
-      return ray.get(ref, timeout=deadline)
-    except ray.exceptions.GetTimeoutError:
-      hung()
-      return ray.get(ref)
+  """The answer at `ref`; if none comes by the deadline (seconds), `hung()` kills its actor, and the actor's death is
+  raised (RayActorError), as for one that died."""
+  import ray  # pylint: disable=g-import-not-at-top
+  try:
+    return ray.get(ref, timeout=deadline)
+  except ray.exceptions.GetTimeoutError:
+    hung()
+    return ray.get(ref)
 
 
 @dataclasses.dataclass(frozen=True)
