@@ -43,7 +43,6 @@ from runtime.diloco.learner.parts import RoundPart
 from runtime.diloco.sync import messages
 from runtime.diloco.sync.messages import Delivery, Report
 from runtime.faults import injection
-from runtime.wire.downlink import NO_MIRROR
 
 PyTree = Any
 
@@ -64,6 +63,7 @@ class PartRecord:
   queued_seconds: float
   serial: int = -1  # (real clock) the actor's number for the part, whose end `future` awaits
   future: Any = None  # (the virtual clock awaits nothing)
+  step_seconds: float | None = None  # (collected) the time one of its steps took, as Learner.seconds_per_step reads it
 
 
 class _PartDone:
@@ -158,6 +158,11 @@ class LearnerHost:
       self._running[record.serial] = part.future
     return record, self.figures()
 
+  def collect(self, now: float) -> tuple[PartRecord, dict]:
+    """The learner's collect; the part's record carries its step time (read by the controller with no round trip)."""
+    part = self._learner.collect(now)
+    return dataclasses.replace(self._outbound(part), step_seconds=self._learner.seconds_per_step(part)), self.figures()
+
   def rejoin(self, slice_index: int, theta: "_Theta", version: int, now: float) -> tuple[None, dict]:
     """The learner's rejoin, on its slice's devices (the actor's)."""
     self._learner.rejoin(slice_index, self._devices, self._theta(theta), version, now)
@@ -176,7 +181,8 @@ class LearnerHost:
 
   def figures(self) -> dict:
     """The learner's book (its lists as the rows added since the last figures: a book restored starts them again),
-    where it trains, its parts in flight and their live tokens, and whether Θ waits in its inbox."""
+    where it trains, its parts in flight and their live tokens, whether Θ waits in its inbox, and what the merge
+    schedule reads of it at every event (the fragment it owes, the Θ it works from)."""
     learner, book = self._learner, self._learner.book
     if self._sent[0] is not book:
       self._sent = (book, dict.fromkeys(_ROWS, 0))
@@ -187,7 +193,8 @@ class LearnerHost:
     scalars = {f.name: getattr(book, f.name) for f in dataclasses.fields(book) if f.name not in _ROWS}
     return dict(book=scalars, rows=rows, slices=learner.slices, slice_index=learner.slice_index,
                 parts=tuple(p.kind for p in learner.parts), live_tokens=learner.parts.live_tokens(),
-                has_theta=learner.inbox is not None)
+                has_theta=learner.inbox is not None, owed_fragment=learner.owed_fragment(),
+                live_bases=learner.live_bases())
 
   def revive(self, book: dict, now: float, status: str, theta: "_Theta | None") -> tuple[None, dict]:
     """This new actor takes the place of one whose process ended: the learner's book as of its last answer, then
@@ -412,8 +419,9 @@ class RayLearner:
   def parts_end_at(self, seconds_per_step: float) -> float:
     return self._call("parts_end_at", seconds_per_step)
 
-  def seconds_per_step(self, part: Any) -> float:
-    self._step_seconds = self._call("seconds_per_step", part)  # (kept: its parts' deadlines follow it)
+  def seconds_per_step(self, part: PartRecord) -> float:
+    """As measured when the part was collected (its record carries it); kept: its parts' deadlines follow it."""
+    self._step_seconds = part.step_seconds if part.step_seconds is not None else self._call("seconds_per_step", part)
     return self._step_seconds
 
   def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
@@ -437,7 +445,7 @@ class RayLearner:
                                                       seconds + factor * expected, lambda why: self._kill(actor, why)))
 
   def collect(self, now: float) -> PartRecord:
-    return self._call("collect", now)
+    return self._ask("collect", now)
 
   # Reports up, Θ down
   def corrupt_next_report(self, how: str) -> None:
@@ -457,11 +465,10 @@ class RayLearner:
     self._or_book(lambda: self._book.settled(report, merged), "report_settled", report, merged)
 
   def owed_fragment(self) -> int:
-    return self._or_book(lambda: 0, "owed_fragment", reads=True)  # (one fragment with backend "ray")
+    return self._figures["owed_fragment"]  # (as of the last answer: read at every event, it costs no round trip)
 
   def live_bases(self) -> tuple[tuple[int, int], ...]:
-    # (its book's base: one fragment and Θ sent whole with backend "ray", as Learner.live_bases reads it then)
-    return self._or_book(lambda: ((NO_MIRROR, self._book.base_version),), "live_bases", reads=True)
+    return tuple(self._figures["live_bases"])
 
   def theta_landing(self) -> Callable[[PyTree], Any] | None:
     return None  # (the actor lays Θ out itself when it adopts it)
@@ -551,11 +558,7 @@ class RayLearner:
   def close(self) -> None:
     """Its data stream stops; the actor answers for its book until the last handle to it goes (Ray ends it then). An
     actor already gone has nothing to stop (the run's own error, if any, is the one raised)."""
-    if self._lost is None:
-      try:
-        self._call("close")
-      except injection.ProcessLost:
-        pass
+    self._or_book(lambda: None, "close")
 
 
 class RemoteArming:
