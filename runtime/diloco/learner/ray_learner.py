@@ -377,13 +377,13 @@ class RayLearner:
     """A new actor's first call (`_replaced`) is not answered yet."""
     return self._starting is not None and not self._ray.wait([self._starting], timeout=0)[0]
 
-  def _replaced(self, now: float, status: str) -> Failure:
+  def _replaced(self, now: float, status: str, detail: str = "") -> Failure:
     """A new actor takes the lost one's place, holding the learner's book as of its last answer; `status` (DOWN or
     FAILED) fails it there as a lost slice fails a learner (or "": it had nothing to lose). What its loss cost: its
-    parts in flight and what it trained since its last report, as in process (Learner.fail)."""
+    parts in flight and what it trained since its last report, as in process (Learner.fail), with `detail`."""
     book, figures = self._book, self._figures
-    failure = Failure(figures["slice_index"], f", {self._lost}" if status else "",
-                      figures["live_tokens"] + book.unreported_tokens(), book.unreported_busy)
+    failure = Failure(figures["slice_index"], detail, figures["live_tokens"] + book.unreported_tokens(),
+                      book.unreported_busy)
     placed = bool(status)  # (on its slice until it fails there: its programs compile first)
     self._actor = self._start(self._made[0] if placed else ())
     theta = self._puts.newest() if placed else None
@@ -515,13 +515,15 @@ class RayLearner:
     raise NotImplementedError(_ONE_SLICE)
 
   def fail(self, now: float, status: str = DOWN) -> Failure:
-    """Its slice failed: in its actor as in process; a lost process is replaced (`_replaced`)."""
+    """Its slice failed: in its actor as in process; a lost process is replaced (`_replaced`), its loss named in the
+    failure's detail if found here (else the crash's cause names it)."""
+    found = ""
     if self._lost is None:
       try:
         return self._call("fail", now, status)
-      except injection.ProcessLost:
-        pass
-    return self._replaced(now, status)
+      except injection.ProcessLost as lost:
+        found = f", {lost}"
+    return self._replaced(now, status, found)
 
   def lose_part(self, now: float) -> Failure:
     return self._call("lose_part", now)
