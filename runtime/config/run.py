@@ -394,9 +394,6 @@ def _validate_ray(run: RunConfig) -> None:
   check(run.compression.up == "none", "compression.up", run.compression.up, f"'none' {why}")
   check(run.compression.down == "none", "compression.down", run.compression.down, f"'none' {why}")
   check(run.fragments == 1, "fragments", run.fragments, f"1 {why}")
-  check(run.faults.mtbi_chip_seconds == 0, "faults.mtbi_chip_seconds", run.faults.mtbi_chip_seconds,
-        f"0 {why} (faults.schedule is)")
-  check(not run.faults.trace, "faults.trace", run.faults.trace, f"'' {why} (faults.schedule is)")
 
 
 def _validate(run: RunConfig) -> None:

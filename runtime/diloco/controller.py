@@ -57,9 +57,7 @@ class Controller:
                                       run.num_slices + run.lent_slices, run.share_devices)
     self.host_mesh = devices_lib.slice_mesh([devices_lib.host_device()])
     self.host_sharding = NamedSharding(self.host_mesh, P())
-    real_trace = bool(f.trace) and run.clock.kind == "real"  # (the real clock injects a replayed trace's crashes)
-    injector = (injection.Injector(run.learners + run.lent_slices, f.schedule)
-                if f.schedule or f.mtbi_chip_seconds > 0 or real_trace else None)
+    injector = injection.Injector(run.learners + run.lent_slices, f.schedule) if injection.injects(run) else None
     tx = inner_optimizer(run.inner, run.total_steps)
     data_service = make_data_service(run, exp)
     self.learners = make_learners(run, exp, devices, injector, data_service)

@@ -119,6 +119,13 @@ class Injector:
                                        f"program ({bug.text}): it fails the same way at every dispatch")
 
 
+def injects(run) -> bool:
+  """Whether the run's programs check an injector: crashes scheduled or drawn (random traces), or a replayed trace's
+  under the real clock (under the virtual clock its crashes are modeled where they fall)."""
+  f = run.faults
+  return bool(f.schedule) or f.mtbi_chip_seconds > 0 or (bool(f.trace) and run.clock.kind == "real")
+
+
 class Router:
   """Where the learners' programs send their step checks: to the injector of the controller training now.
 

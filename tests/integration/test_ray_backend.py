@@ -26,15 +26,19 @@ from runtime.experiments import modes
 from runtime.train.harness import Experiment
 from runtime.trained.saved import load_model
 from test_resume import assert_resumes_bit_identical
+from test_trace_replay import _trace
 
 ray = pytest.importorskip("ray")
+MTBI = 256 * 60.0  # per chip: a crash of each 256-chip slice every minute of modeled time, on average
 
 
-def _smoke(backend: str, schedule: str = ""):
+def _smoke(backend: str, schedule: str = "", mtbi_chip_seconds: float = 0.0):
   config = smoke.get_config()
   config.learners, config.num_devices, config.backend = 2, 4, backend  # 2 learners x 2 simulated devices
   config.checkpoint_wall_seconds = 0.0
   config.faults.schedule = schedule
+  if mtbi_chip_seconds:  # random crashes of every slice, each repaired in 10 s
+    config.faults.mtbi_chip_seconds, config.faults.repair_seconds = mtbi_chip_seconds, 10.0
   return config
 
 
@@ -74,6 +78,21 @@ def test_learners_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_pa
   assert results["ray"].final_eval_loss == results["local"].final_eval_loss
   thetas = [load_model(tmp_path / b / "decoupled").params for b in ("ray", "local")]
   jax.tree.map(np.testing.assert_array_equal, *thetas)
+
+
+@pytest.mark.parametrize("trace", ["random", "replayed"])
+def test_slice_crash_traces_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_path, trace):
+  del cluster  # (each slice's seeded trace, or one recorded; the crashes armed in the actors' injectors)
+  configs = {b: _smoke(b, mtbi_chip_seconds=MTBI if trace == "random" else 0.0) for b in ("ray", "local")}
+  if trace == "replayed":  # slice 1 fails at t=20 and is back at t=30
+    for config in configs.values():
+      config.faults.trace = _trace(tmp_path, {1: [[20.0, 30.0]]}, slices=2, learners=2, kind="decoupled")
+  results = {b: modes.train(config, tmp_path / b)[0] for b, config in configs.items()}
+  remote, local = _records(tmp_path / "ray" / "decoupled"), _records(tmp_path / "local" / "decoupled")
+  crashes = [r["detail"] for r in remote if r.get("fault") == "crash"]
+  assert remote == local
+  assert crashes and all("slice interrupted" in c for c in crashes), crashes
+  assert results["ray"].final_eval_loss == results["local"].final_eval_loss
 
 
 def test_the_driver_killed_and_rerun_resumes_with_new_actors_bit_identical(cluster, tmp_path, monkeypatch):
@@ -203,7 +222,6 @@ def test_a_run_joins_a_running_cluster_at_its_address_and_leaves_it_running(tmp_
 
 
 @pytest.mark.parametrize("field, value, allowed", [
-    ("faults.mtbi_chip_seconds", 1e5, "0 with backend 'ray'"),
     ("slices_per_learner", 2, "1 with backend 'ray'"),
     ("data.assignment", "service", "'shards' with backend 'ray'"),
     ("ray.address", "auto", "'' unless backend is 'ray'"),

@@ -15,9 +15,9 @@ own injector) and their rejoin on the same slice. A learner's process that ends 
 of its slice (`injection.ProcessLost`), and a new actor holding the learner's book as of its last answer takes its
 place, down, to rejoin from Θ (the proxy keeps that book: each answer brings its figures and the rows added since);
 under the real clock one that does not answer by its deadline is hung, and killed. Refused with a named field (the
-run's config check): several slices per learner, spare or lent slices, the data service, compression, fragments and
-crash traces. Checkpoints: the actor packs its learner's part and the controller's packer takes it in, so a killed
-driver's rerun resumes with new actors.
+run's config check): several slices per learner, spare or lent slices, the data service, compression and fragments.
+Checkpoints: the actor packs its learner's part and the controller's packer takes it in, so a killed driver's rerun
+resumes with new actors.
 """
 
 import asyncio
@@ -128,8 +128,7 @@ class LearnerHost:
 
   def __init__(self, index: int, slices: tuple[int, ...], num_devices: int, run: RunConfig, stream: Any, absent: bool):
     f = run.faults
-    self._injector = (injection.Injector(run.learners + run.lent_slices, f.schedule)
-                      if f.schedule or f.mtbi_chip_seconds > 0 else None)
+    self._injector = injection.Injector(run.learners + run.lent_slices, f.schedule) if injection.injects(run) else None
     # The actor's programs check its own injector for as long as the actor lives (its process trains no other run):
     # the routing is entered and held here (let go of, the context would end and route back to none)
     self._routing = injection.ROUTER.routing(self._injector)
