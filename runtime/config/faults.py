@@ -136,8 +136,8 @@ def validate(run) -> None:
     check(fault.slice < run.slices_per_learner, "faults.schedule", fault.text,
           f"slice in [0, slices_per_learner={run.slices_per_learner}) (the learner's J-th slice), or no slice field")
     check(fault.ends == "program" or (run.backend == "ray" and run.clock.kind == "real"), "faults.schedule",
-          fault.text, "ends=program unless backend is 'ray' and clock.kind 'real' (ends=process or hang end or hang "
-          "the learner's own process: only a learner in a Ray actor has one, and only wall time has a moment for it)")
+          fault.text, "ends=program unless backend is 'ray' and clock.kind 'real' (ends=process kills, ends=hang "
+          "stops the learner's own process: only a learner in a Ray actor has one, and only wall time a moment for it)")
   check(f.time_scale > 0, "faults.time_scale", f.time_scale, "a float > 0 (the run's seconds per trace second)")
   if f.trace:  # a trace replaces the random crashes, fits the job's slices, and has no syncer failures (not replayed)
     check(f.mtbi_chip_seconds == 0, "faults.mtbi_chip_seconds", f.mtbi_chip_seconds,

@@ -22,6 +22,7 @@ resumes with new actors.
 
 import asyncio
 import atexit
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -72,7 +73,7 @@ class _PartDone:
   actor, raising its device error if it failed, or its actor's death; a part not done by its deadline is a hang
   (`hung` kills the actor, whose death it then raises)."""
 
-  def __init__(self, done: Any, deadline: float, hung: Callable[[str], None]):
+  def __init__(self, done: Any, deadline: float | None, hung: Callable[[str], None]):
     self._done = done  # the ObjectRef of the actor's `part_done`
     self._deadline, self._hung = deadline, hung
 
@@ -191,7 +192,8 @@ class LearnerHost:
       rows[name], sent[name] = (sent[name], kept[sent[name]:]), len(kept)
     scalars = {f.name: getattr(book, f.name) for f in dataclasses.fields(book) if f.name not in _ROWS}
     return dict(book=scalars, rows=rows, slices=learner.slices, slice_index=learner.slice_index,
-                parts=tuple(p.kind for p in learner.parts), live_tokens=learner.parts.live_tokens(),
+                parts=tuple(p.kind for p in learner.parts), queued_steps=sum(p.steps for p in learner.parts),
+                live_tokens=learner.parts.live_tokens(), pid=os.getpid(),
                 has_theta=learner.inbox is not None, owed_fragment=learner.owed_fragment(),
                 live_bases=learner.live_bases())
 
@@ -207,9 +209,6 @@ class LearnerHost:
     if status:
       self._learner.fail(now, status)
     return None, self.figures()
-
-  def pid(self) -> int:
-    return os.getpid()
 
   def arm(self, how: str, *args, **kwargs) -> tuple[None, dict]:
     """The controller's arming of a crash, done in the injector the actor's programs check."""
@@ -274,7 +273,7 @@ class RayLearner:
     self._made = (slices, num_devices, run, stream)  # how its actor is made (again, if its process ends)
     self._book, self._figures = LearnerBook(), {}
     self._lost: injection.ProcessLost | None = None  # its process found ended, until its crash is handled
-    self._hung: str | None = None  # why its actor was killed for a hang
+    self._hung: tuple[Any, str] = (None, "")  # (an actor killed for a hang, why)
     # (real clock) deadlines: ray.hang_seconds and hang_factor, and its step time as last measured
     self._hang = (run.ray.hang_seconds, run.ray.hang_factor) if run.clock.kind == "real" else None
     self._step_seconds = 0.0
@@ -309,9 +308,7 @@ class RayLearner:
   def process_lost(self) -> injection.ProcessLost | None:
     return self._lost
 
-  def pid(self) -> int:
-    """Its actor's process id (for tests that end it from outside)."""
-    return self._ray.get(self._actor.pid.remote())
+  pid = property(lambda self: self._figures["pid"])  # its actor's process, as of the last answer
 
   def _keep(self, figures: dict) -> None:
     """An answer's book and figures: the book's fields, and the rows its lists gained (from where it says)."""
@@ -331,11 +328,13 @@ class RayLearner:
       if self._starting is not None:  # (answered before this call is made)
         starting, self._starting = self._starting, None
         self._keep(self._answer(starting, "revive")[1])
-      result, figures = self._answer(getattr(self._actor, name).remote(*args, **kwargs), name)
+      result, figures = self._answer(getattr(self._actor, name).remote(*args, **kwargs),
+                                     args[0] if name == "call" else name)
     except self._ray.exceptions.RayTaskError as error:
       raise error.cause from None  # the learner's own error, as the controller handles it in process
     except self._ray.exceptions.RayActorError as error:
-      self._lost = injection.ProcessLost(self.index, self._hung or injection.describe(error))
+      hung = self._hung[1] if self._hung[0] is self._actor else ""
+      self._lost = injection.ProcessLost(self.index, hung or injection.describe(error))
       if self.status not in (*STATE_LOST, ABSENT):
         raise self._lost from error
       self._replaced(0.0, "")
@@ -355,26 +354,22 @@ class RayLearner:
     return _answer(ref, deadline, lambda: self._kill(actor, f"hung: no answer to {name} in {deadline:g} s"))
 
   def _kill(self, actor: Any, why: str) -> None:
-    """Its actor is hung: its process is killed (unless already replaced), and its loss will say `why`. (Called on
-    the clock's waiting thread too: a part past its deadline.)"""
+    """Kills its hung actor (unless replaced since), its loss to say `why` (also called on the clock's thread)."""
     if actor is self._actor:
-      self._hung = why
+      self._hung = (actor, why)
       self._ray.kill(actor, no_restart=True)
 
   def _or_book(self, answer: Callable[[], Any], name: str, *args, reads: bool = False) -> Any:
     """The learner's method `name`, or once its process is found ended, `answer()` from its book as last known (the
     calls of the controller's loops over learners: a lost learner is crashed after the event, not in the middle). A
     pure read (`reads`) is answered so too while a new actor is starting: the controller does not wait for it."""
-    if self._lost is None and not (reads and self._still_starting()):
+    starting = self._starting is not None and not self._ray.wait([self._starting], timeout=0)[0]  # (unanswered)
+    if self._lost is None and not (reads and starting):
       try:
         return self._call(name, *args)
       except injection.ProcessLost:
         pass
     return answer()
-
-  def _still_starting(self) -> bool:
-    """A new actor's first call (`_replaced`) is not answered yet."""
-    return self._starting is not None and not self._ray.wait([self._starting], timeout=0)[0]
 
   def _replaced(self, now: float, status: str, detail: str = "") -> Failure:
     """A new actor takes the lost one's place, holding the learner's book as of its last answer; `status` (DOWN or
@@ -384,9 +379,10 @@ class RayLearner:
     failure = Failure(figures["slice_index"], detail, figures["live_tokens"] + book.unreported_tokens(),
                       book.unreported_busy)
     placed = bool(status)  # (on its slice until it fails there: its programs compile first)
+    self._ray.kill(self._actor, no_restart=True)  # (one only unavailable might come back: it is ended, too)
     self._actor = self._start(self._made[0] if placed else ())
     theta = self._puts.newest() if placed else None
-    self._starting, self._lost, self._hung = self._actor.revive.remote(book.snapshot(), now, status, theta), None, None
+    self._starting, self._lost = self._actor.revive.remote(book.snapshot(), now, status, theta), None
     if status:  # (the new actor books the same move; its answer is awaited at the next call)
       book.set_status(f"learner {self.index}", status, now)
       self._figures = dict(figures, slices=(), slice_index=-1, parts=(), live_tokens=0, has_theta=False)
@@ -400,7 +396,8 @@ class RayLearner:
 
   def settle(self) -> None:
     if self._lost is None:
-      self._ask("settle")
+      with contextlib.suppress(injection.ProcessLost):  # (the run is over: a dead process has nothing to settle)
+        self._ask("settle")
 
   # Parts in flight
   def parts_in_flight(self) -> int:
@@ -420,7 +417,7 @@ class RayLearner:
 
   def seconds_per_step(self, part: PartRecord) -> float:
     """As measured when the part was collected (its record carries it); kept: its parts' deadlines follow it."""
-    self._step_seconds = part.step_seconds if part.step_seconds is not None else self._call("seconds_per_step", part)
+    self._step_seconds = part.step_seconds
     return self._step_seconds
 
   def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
@@ -437,11 +434,12 @@ class RayLearner:
     part = self._ask("dispatch", kind, steps, now, modeled_seconds, armed=armed, schedule_at=schedule_at, ahead=ahead)
     if part.serial < 0:
       return part
+    # (its steps and those queued ahead of it at its measured step time: no deadline before one is measured)
     seconds, factor = self._hang
-    expected = steps * self._step_seconds * self.parts_in_flight()  # (its steps and those queued ahead of it)
+    deadline = seconds + factor * self._figures["queued_steps"] * self._step_seconds if self._step_seconds else None
     actor = self._actor
-    return dataclasses.replace(part, future=_PartDone(self._actor.part_done.remote(part.serial),
-                                                      seconds + factor * expected, lambda why: self._kill(actor, why)))
+    return dataclasses.replace(part, future=_PartDone(self._actor.part_done.remote(part.serial), deadline,
+                                                      lambda why: self._kill(actor, why)))
 
   def collect(self, now: float) -> PartRecord:
     return self._ask("collect", now)
