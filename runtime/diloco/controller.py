@@ -7,6 +7,7 @@ The owners it builds, and who owns what: docs/architecture.md.
 """
 
 import concurrent.futures
+import contextlib
 import os
 import pathlib
 
@@ -171,7 +172,8 @@ class Controller:
       jobs += [(l, (kept, [devices[s] for s in kept])) for l, kept in less]
     with concurrent.futures.ThreadPoolExecutor(max(min(len(jobs), os.cpu_count() or 1), 1)) as pool:
       for done in [pool.submit(l.warm_up, self.syncer.params, self.host_sharding, where) for l, where in jobs]:
-        done.result()
+        with contextlib.suppress(injection.ProcessLost):  # (a learner whose process ended crashes as the run starts)
+          done.result()
 
   def _loop(self, start: bool) -> None:
     if self.run.clock.kind == "real":
@@ -181,9 +183,12 @@ class Controller:
     if start:
       starting = self.learners[:self.run.learners]  # learners of lent capacity join when it is lent
       for learner in starting:  # every learner has Θ before any starts (no device waits for another's copy)
-        learner.reset(self.syncer.params, 0, 0.0)
+        with contextlib.suppress(injection.ProcessLost):
+          learner.reset(self.syncer.params, 0, 0.0)
+      self.slices.crash_lost()  # (one whose process ended before it started comes back from Θ after its repair)
       for learner in starting:
-        self.rounds.start_round(learner)
+        if learner.status == WAITING:
+          self.rounds.start_round(learner)
     while self._work_scheduled() or self.syncer.pending:
       # A stop waits for a merge under way to finish and be handled: no checkpoint holds half a merge.
       if preemption.requested() and self.merges.state != RUNNING:

@@ -169,6 +169,13 @@ def test_a_learner_whose_process_is_killed_from_outside_rejoins_on_a_new_actor(c
   _assert_replaced(*_killed_run(tmp_path, "", kill_at_step=20))
 
 
+def test_a_learner_whose_process_is_killed_before_the_run_starts_rejoins_on_a_new_actor(cluster, tmp_path):
+  del cluster  # (found by its warm-up or its first reset: it crashes as the run starts)
+  controller, result, records, first, run = _killed_run(tmp_path, "", kill_at_step=0)
+  _assert_replaced(controller, result, records, first, run)
+  assert next(r for r in records if r.get("fault") == "crash")["time"] < 1.0
+
+
 def test_a_hung_learner_is_killed_at_its_deadline_and_rejoins_on_a_new_actor(cluster, tmp_path):
   # ends=hang: at inner step 24 the actor's step check stops for good; nothing answers, nothing dies, until the
   # part's (or a call's) deadline of ~5 s kills the process
