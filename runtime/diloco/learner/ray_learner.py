@@ -363,8 +363,8 @@ class RayLearner:
     """The learner's method `name`, or once its process is found ended, `answer()` from its book as last known (the
     calls of the controller's loops over learners: a lost learner is crashed after the event, not in the middle). A
     pure read (`reads`) is answered so too while a new actor is starting: the controller does not wait for it."""
-    starting = self._starting is not None and not self._ray.wait([self._starting], timeout=0)[0]  # (unanswered)
-    if self._lost is None and not (reads and starting):
+    if self._lost is None and not (reads and self._starting is not None  # (a new actor's first call unanswered)
+                                   and not self._ray.wait([self._starting], timeout=0)[0]):
       try:
         return self._call(name, *args)
       except injection.ProcessLost:
