@@ -101,14 +101,15 @@ class Unpacker:
   """Rebuilds objects from a snapshot's JSON and host arrays."""
 
   def __init__(self, arrays: dict[str, np.ndarray], failed: dict[str, str], schedule: tuple[Fault, ...],
-               treedefs: dict[str, Any], host_sharding: jax.sharding.Sharding, codecs: Sequence[Codec] = ()):
+               treedefs: dict[str, Any], host_sharding: jax.sharding.Sharding | None, codecs: Sequence[Codec] = ()):
     self._arrays, self.failed, self._codecs = arrays, failed, {c.tag: c for c in codecs}
     self._schedule, self.treedefs, self._host = schedule, treedefs, host_sharding
     self._placed: dict[tuple, PyTree] = {}  # the same arrays placed the same way are one tree
 
   def tree(self, encoded: dict | None, place: Callable[[np.ndarray, int], jax.Array] | None = None,
            where: str = HOST) -> PyTree | None:
-    """The pytree `encoded` names; leaf i placed by `place(array, i)` (default: on the host device).
+    """The pytree `encoded` names; leaf i placed by `place(array, i)` (default: on the host device; with no host
+    sharding, left as NumPy for its user to lay out, as a gang's members do).
 
     `where` names the placement: the same arrays placed at the same `where` are one tree.
     """
@@ -116,7 +117,7 @@ class Unpacker:
       return None
     key = (tuple(encoded["keys"]), where)
     if key not in self._placed:
-      place = place or (lambda x, _: jax.device_put(x, self._host))
+      place = place or (lambda x, _: x if self._host is None else jax.device_put(x, self._host))
       leaves = [place(self._arrays[k], i) for i, k in enumerate(encoded["keys"])]
       if encoded["kind"] == "dict":
         self._placed[key] = dict(zip(encoded["names"], leaves))

@@ -41,7 +41,8 @@ DTYPES = ("float32", "bfloat16")
 # Fields that change nothing a run computes (its records and results): they are not part of a run's name, and a run
 # resumes whatever they are now.
 QUIET_FIELDS = ("progress", "tensorboard", "compile_cache", "backend", "ray.address", "ray.hang_seconds",
-                "ray.hang_factor", "checkpoint_every", "checkpoint_seconds", "checkpoint_wall_seconds",
+                "ray.hang_factor", "ray.processes_per_learner", "checkpoint_every", "checkpoint_seconds",
+                "checkpoint_wall_seconds",
                 "checkpoint_keep", "resume", "save_model_every")
 # Fields a run resumes under whatever they are now: the quiet ones, and when it evaluates, what it logs and how many
 # batches its loader prepares ahead. Every other field changes the training, and a changed one is refused on resume.
@@ -136,6 +137,9 @@ class RayConfig:
   # hang_seconds + hang_factor x its expected time (its steps, and those ahead of it, at its last step rate).
   hang_seconds: float = 120.0
   hang_factor: float = 10.0
+  # A learner of several processes (a gang), joined by jax.distributed, each holding an equal share of its slice's
+  # devices; one member's death ends the gang, which is replaced as a unit. Local cluster only (ray.address "").
+  processes_per_learner: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,6 +398,13 @@ def _validate_ray(run: RunConfig) -> None:
   check(run.compression.up == "none", "compression.up", run.compression.up, f"'none' {why}")
   check(run.compression.down == "none", "compression.down", run.compression.down, f"'none' {why}")
   check(run.fragments == 1, "fragments", run.fragments, f"1 {why}")
+  gang = run.ray.processes_per_learner
+  check(gang >= 1 and run.num_devices % (run.learners * gang) == 0, "ray.processes_per_learner", gang,
+        f"an integer >= 1 that splits each learner's slice evenly (num_devices {run.num_devices} / learners "
+        f"{run.learners} divisible by it)")
+  check(gang == 1 or not run.ray.address, "ray.processes_per_learner", gang,
+        f"1 with ray.address {run.ray.address!r} (a gang's processes on several hosts are not built: local "
+        "cluster only)")
 
 
 def _validate(run: RunConfig) -> None:
@@ -414,6 +425,8 @@ def _validate(run: RunConfig) -> None:
         "'' unless backend is 'ray' (the cluster its learners' actors run on)")
   check(run.ray.hang_seconds > 0, "ray.hang_seconds", run.ray.hang_seconds, "a number of seconds > 0")
   check(run.ray.hang_factor >= 1, "ray.hang_factor", run.ray.hang_factor, "a number >= 1")
+  check(run.ray.processes_per_learner == 1 or run.backend == "ray", "ray.processes_per_learner",
+        run.ray.processes_per_learner, "1 unless backend is 'ray'")
   if run.mode != "dp":
     check(run.learners <= run.num_devices or run.share_devices, "learners", run.learners, f"at most num_devices "
           f"({run.num_devices}): each learner needs a slice of at least one device (raise num_devices, use fewer "

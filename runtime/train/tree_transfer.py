@@ -74,6 +74,8 @@ def copy_to(tree: PyTree, sharding: jax.sharding.Sharding) -> PyTree:
   """
   if packable(tree, sharding):
     return send(tree, sharding)
+  if not _devices(jax.tree.leaves(tree)):  # host (NumPy) arrays: each process lays out its share of the target
+    return fresh_copy(jax.device_put(tree, sharding))
   # (one target device, or a tree whose tensors are on several devices: a sharded syncer's Θ)
   if len(jax.tree.leaves(sharding)[0].device_set) == 1 or _devices(jax.tree.leaves(tree)) > 1:
     return fresh_copy(jax.device_put(tree, sharding))

@@ -32,9 +32,10 @@ ray = pytest.importorskip("ray")
 MTBI = 256 * 60.0  # per chip: a crash of each 256-chip slice every minute of modeled time, on average
 
 
-def _smoke(backend: str, schedule: str = "", mtbi_chip_seconds: float = 0.0):
+def _smoke(backend: str, schedule: str = "", mtbi_chip_seconds: float = 0.0, processes: int = 1):
   config = smoke.get_config()
   config.learners, config.num_devices, config.backend = 2, 4, backend  # 2 learners x 2 simulated devices
+  config.ray.processes_per_learner = processes  # (2: each learner a gang of 2 processes of one device each)
   config.checkpoint_wall_seconds = 0.0
   config.faults.schedule = schedule
   if mtbi_chip_seconds:  # random crashes of every slice, each repaired in 10 s
@@ -119,34 +120,36 @@ def test_under_the_real_clock_learners_in_actors_train_to_the_budget_through_a_c
   assert result.extras["merges"] >= 6 and result.final_eval_loss < 4.0  # (uniform over bytes: 5.5)
 
 
-def _killed_run(tmp_path, schedule: str, kill_at_step: int | None = None, hang_seconds: float = 120.0):
-  """A real-clock run whose learner 1 loses its process: by the injector (`schedule`), or SIGKILLed from outside once
-  it has trained `kill_at_step` inner steps. Its controller, result, records and learner 1's first process id."""
-  config = _smoke("ray", schedule)
-  config.clock.kind, config.ray.hang_seconds = "real", hang_seconds
+def _killed_run(tmp_path, schedule: str, kill_at_step: int | None = None, hang_seconds: float = 120.0,
+                processes: int = 1, member: int = 0, how: signal.Signals = signal.SIGKILL, hang_factor: float = 10.0):
+  """A real-clock run whose learner 1 loses a process: by the injector (`schedule`), or its gang's `member` sent
+  `how` (SIGKILL; SIGSTOP: it neither answers nor dies) from outside once it has trained `kill_at_step` inner steps.
+  Its controller, result, records and learner 1's first process ids."""
+  config = _smoke("ray", schedule, processes=processes)
+  config.clock.kind, config.ray.hang_seconds, config.ray.hang_factor = "real", hang_seconds, hang_factor
   if kill_at_step is not None:
     config.faults.repair_seconds = 0.5  # (the injector's crash gives its own)
   run = modes.prepare(config)
   controller = Controller(run, Experiment(run), tmp_path, "decoupled")
   learner = controller.learners[1]
-  first = learner.pid
+  first = learner.pids
   if kill_at_step is not None:
     def kill():  # (the book this side keeps grows with each answer of the actor)
       while learner.total_steps < kill_at_step:
         time.sleep(0.005)
-      os.kill(first, signal.SIGKILL)
+      os.kill(first[member], how)
     threading.Thread(target=kill, daemon=True).start()
   result = controller.train()
   return controller, result, _records(tmp_path / "decoupled"), first, run
 
 
 def _assert_replaced(controller, result, records, first, run, why: str = "process ended", rejoins: bool = True):
-  """Learner 1 crashed once with its process and has a new actor, on which it rejoined and trained (if `rejoins`:
-  a hang found late may leave it nothing to train); every token merged once."""
+  """Learner 1 crashed once with its process and has new actors (every process of its gang new), on which it rejoined
+  and trained (if `rejoins`: a hang found late may leave it nothing to train); every token merged once."""
   crashes = [r for r in records if r.get("fault") == "crash"]
   assert [r["learner"] for r in crashes] == [1] and why in crashes[0]["detail"], crashes
   learner = controller.learners[1]
-  assert learner.pid != first  # a new process
+  assert len(learner.pids) == len(first) and not set(learner.pids) & set(first)  # new processes
   if rejoins:
     rejoin = next(r for r in records if r.get("fault") == "rejoin")
     assert rejoin["learner"] == 1 and rejoin["time"] > crashes[0]["time"]
@@ -185,6 +188,46 @@ def test_a_hung_learner_is_killed_at_its_deadline_and_rejoins_on_a_new_actor(clu
   crash = next(r for r in killed[2] if r.get("fault") == "crash")
   last = max(at for at, _ in killed[0].learners[1].completions if at < crash["time"])  # (its hung part came after)
   assert 5.0 <= crash["time"] <= last + 5.0 + 2.0 + 5.0  # at its deadline (5 s + 10 x its parts' ~0.1 s), + slack
+
+
+def test_a_learner_whose_process_stops_answering_is_killed_at_its_call_deadline(cluster, tmp_path):
+  # SIGSTOPped from outside at step 20: a call to it (a merge's Θ, a read of its book) is not answered in 5 s and
+  # its process is killed (a part's deadline, 5 s + 1000 x its steps' time, would come far later)
+  del cluster
+  killed = _killed_run(tmp_path, "", kill_at_step=20, hang_seconds=5.0, how=signal.SIGSTOP, hang_factor=1000.0)
+  _assert_replaced(*killed, why="learner 1's process ended: hung: no answer to ", rejoins=False)
+  crash = next(r for r in killed[2] if r.get("fault") == "crash")
+  last = max(at for at, _ in killed[0].learners[1].completions if at < crash["time"])  # (the call came after)
+  assert last + 5.0 - 0.5 <= crash["time"] <= last + 5.0 + 3.0 and "in 5 s" in crash["detail"], crash
+
+
+def test_a_learner_of_two_processes_trains_the_in_process_run_bit_for_bit(cluster, tmp_path):
+  # ray.processes_per_learner=2: each learner a gang of two processes joined by jax.distributed, one device each, its
+  # programs run across both (the gradient's mean over the slice an all-reduce between them); through a crash and
+  # a corrupt report, the run is the in-process one record for record and Θ bit for bit
+  del cluster
+  schedule = "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan"
+  run = modes.prepare(_smoke("ray", schedule, processes=2))
+  controller = Controller(run, Experiment(run), tmp_path / "ray", "decoupled")
+  result = controller.train()
+  local = modes.train(_smoke("local", schedule), tmp_path / "local")[0]
+  for learner in controller.learners:
+    assert learner.processes == 2 and len(set(learner.pids)) == 2
+  remote = _records(tmp_path / "ray" / "decoupled")
+  assert remote == _records(tmp_path / "local" / "decoupled")
+  assert [r["fault"] for r in remote if r["kind"] == "fault"] == ["corrupt", "quarantine", "crash", "rejoin"]
+  assert result.final_eval_loss == local.final_eval_loss
+  jax.tree.map(np.testing.assert_array_equal, result.params, local.params)
+
+
+@pytest.mark.parametrize("member", [1, pytest.param(0, marks=pytest.mark.slow)], ids=["second", "coordinator"])
+def test_a_learner_of_two_processes_is_replaced_as_a_unit_when_one_is_killed(cluster, tmp_path, member):
+  # One process of learner 1's gang SIGKILLed from outside mid-round: the other cannot go on alone (its programs
+  # need both); the learner crashes once, both are ended and a new gang of two takes its place, and it rejoins
+  del cluster
+  killed = _killed_run(tmp_path, "", kill_at_step=20, processes=2, member=member)
+  _assert_replaced(*killed)
+  assert killed[0].learners[1].processes == 2
 
 
 @pytest.mark.slow  # a cluster of its own, started and stopped around one launch (~40 s)
@@ -234,6 +277,7 @@ def test_a_run_joins_a_running_cluster_at_its_address_and_leaves_it_running(tmp_
     ("ray.address", "auto", "'' unless backend is 'ray'"),
     ("fragments", 2, "1 with backend 'ray'"),
     ("ray.hang_seconds", 0.0, "a number of seconds > 0"),
+    ("ray.processes_per_learner", 3, "an integer >= 1 that splits each learner's slice evenly"),
 ])
 def test_what_the_ray_backend_has_not_built_is_refused_naming_the_field(field, value, allowed):
   config = _smoke("local" if field == "ray.address" else "ray")
@@ -244,6 +288,18 @@ def test_what_the_ray_backend_has_not_built_is_refused_naming_the_field(field, v
   with pytest.raises(ConfigError) as refused:
     modes.prepare(config)
   assert field in str(refused.value) and allowed in str(refused.value)
+
+
+@pytest.mark.parametrize("backend, address, allowed", [
+    ("local", "", "1 unless backend is 'ray'"),
+    ("ray", "127.0.0.1:6379", "1 with ray.address '127.0.0.1:6379' (a gang's processes on several hosts are not built"),
+])
+def test_a_learner_of_several_processes_is_refused_where_it_is_not_built(backend, address, allowed):
+  config = _smoke(backend, processes=2)
+  config.ray.address = address
+  with pytest.raises(ConfigError) as refused:
+    modes.prepare(config)
+  assert "ray.processes_per_learner" in str(refused.value) and allowed in str(refused.value)
 
 
 @pytest.mark.parametrize("backend, clock", [("local", "real"), ("ray", "virtual")])

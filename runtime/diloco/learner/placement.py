@@ -125,12 +125,13 @@ def moved(tree: PyTree, mesh: Mesh) -> PyTree:
   return jax.device_put(tree, jax.tree.map(lambda x: NamedSharding(mesh, x.sharding.spec), tree))
 
 
-def warm_up(where: Placement, theta_host: PyTree, host_sharding: jax.sharding.Sharding, run: RunConfig,
+def warm_up(where: Placement, theta_host: PyTree, host_sharding: jax.sharding.Sharding | None, run: RunConfig,
             batch_size: int, main_copies_report: bool) -> None:
   """Compiles the programs a learner runs there by running each once on a throwaway state and zero batches of
   `batch_size` sequences: the round of its main part (copying the report, if `main_copies_report`) and of its
-  overlap part (the main part's program if as long), a report's copy to the host, Θ's copy onto the slices and the
-  adoption. Under the real clock a part dispatched before would make the device idle while its program compiles."""
+  overlap part (the main part's program if as long), a report's copy to the host (none without a host sharding: a
+  gang's member reads its report as NumPy), Θ's copy onto the slices and the adoption. Under the real clock a part
+  dispatched before would make the device idle while its program compiles."""
   params = tree_transfer.copy_to(theta_host, where.param_sharding)
   state = where.init(params, 0)
   main, lengths = round_plan.main_steps(run), round_plan.part_lengths(run)
@@ -141,7 +142,9 @@ def warm_up(where: Placement, theta_host: PyTree, host_sharding: jax.sharding.Sh
     program = where.report_program if copies else where.round_program
     batches = np.zeros((steps, batch_size, run.data.seq_len + 1), np.int32)
     state = program(state, jax.device_put(batches, where.batch_sharding))[0]
-  landed = tree_transfer.copy_to(tree_transfer.fresh_copy(state.params), host_sharding)
+  landed = None
+  if host_sharding is not None:
+    landed = tree_transfer.copy_to(tree_transfer.fresh_copy(state.params), host_sharding)
   adopted = receive_lib.carry(tree_transfer.copy_to(theta_host, where.param_sharding), state.params,
                               tree_transfer.fresh_copy(state.params))
   jax.block_until_ready((landed, adopted))

@@ -8,8 +8,9 @@ of NumPy arrays shared by reference by every learner it goes to (laid out on the
 syncer holds it), a report comes back as NumPy arrays, a part as its record. Each call returns the learner's book
 figures with its result, so reading them costs no round trip.
 
-What is built: learners of one slice each on simulated CPU devices, both clocks (under the real one a part's future
-is the actor's `part_done`, awaited off the actor's thread), crashes of a learner or its slice (armed in the actor's
+What is built: learners of one slice each on simulated CPU devices, of one process each or of several (a gang,
+`ray.processes_per_learner`: see ray_host.py; called, awaited and ended as one), both clocks (under the real one a
+part's future is the actor's `part_done`, awaited off the actor's thread), crashes of a learner or its slice (armed in the actor's
 own injector) and their rejoin on the same slice. A learner's process that ends (killed by the injector,
 `ends=process`, or from outside) is a removed future: found where the learner has to answer, it is read as the loss
 of its slice (`injection.ProcessLost`), and a new actor holding the learner's book as of its last answer takes its
@@ -20,51 +21,28 @@ Checkpoints: the actor packs its learner's part and the controller's packer take
 resumes with new actors.
 """
 
-import asyncio
 import atexit
 import contextlib
 import dataclasses
-import itertools
 import os
+import socket
 import tempfile
+import time
 from typing import Any, Callable
 
-import jax
-import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
-
 from runtime.checkpoint import snapshot as snapshot_lib
-from runtime.cluster import devices as devices_lib
 from runtime.config.run import RunConfig
 from runtime.diloco.learner.book import LearnerBook
 from runtime.diloco.learner.interface import Failure
-from runtime.diloco.learner.learner import Learner
 from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, STATE_LOST, WAITING
-from runtime.diloco.learner.parts import RoundPart
-from runtime.diloco.sync import messages
+from runtime.diloco.learner.ray_host import LearnerHost, PartRecord, Theta, host_tree
 from runtime.diloco.sync.messages import Delivery, Report
 from runtime.faults import injection
 
 PyTree = Any
 
-_COMPILING = ("warm_up", "revive")  # the actor's calls that compile its programs (their deadline is longer)
-_ROWS = ("completions", "intervals")  # the book's lists, which only grow: each answer brings the rows added since
+_COMPILING = ("joined", "warm_up", "revive")  # the calls that start its processes or compile (a longer deadline)
 _ONE_SLICE = "backend 'ray': a learner keeps its one slice (the config check refuses the rest)"
-
-
-@dataclasses.dataclass(frozen=True)
-class PartRecord:
-  """A part dispatched in the actor, as the controller sees it (interface.Part)."""
-
-  kind: str
-  steps: int
-  tokens: int
-  started_at: float
-  modeled_seconds: float
-  queued_seconds: float
-  serial: int = -1  # (real clock) the actor's number for the part, whose end `future` awaits
-  future: Any = None  # (the virtual clock awaits nothing)
-  step_seconds: float | None = None  # (collected) the time one of its steps took, as Learner.seconds_per_step reads it
 
 
 class _PartDone:
@@ -73,8 +51,8 @@ class _PartDone:
   actor, raising its device error if it failed, or its actor's death; a part not done by its deadline is a hang
   (`hung` kills the actor, whose death it then raises)."""
 
-  def __init__(self, done: Any, deadline: float | None, hung: Callable[[str], None]):
-    self._done = done  # the ObjectRef of the actor's `part_done`
+  def __init__(self, done: list[Any], deadline: float | None, hung: Callable[[str], None]):
+    self._done = done  # the ObjectRefs of its actors' `part_done`
     self._deadline, self._hung = deadline, hung
 
   def block_until_ready(self) -> "_PartDone":
@@ -82,22 +60,48 @@ class _PartDone:
     return self
 
 
-def _answer(ref: Any, deadline: float | None, hung: Callable[[], None]) -> Any:
-  """The answer at `ref`; if none comes by the deadline (seconds), `hung()` kills its actor, and the actor's death is
-  raised (RayActorError), as for one that died."""
+def _answer(refs: list[Any], deadline: float | None, hung: Callable[[], None]) -> list[Any]:
+  """The answers at `refs` (a learner's actors': the first death or error among them raised as soon as it is known);
+  if they are not all in by the deadline (seconds), `hung()` kills the actors and their death is raised
+  (RayActorError), as for ones that died."""
   import ray  # pylint: disable=g-import-not-at-top
-  try:
-    return ray.get(ref, timeout=deadline)
-  except ray.exceptions.GetTimeoutError:
-    hung()
-    return ray.get(ref)
+  pending, end = list(refs), None if deadline is None else time.monotonic() + deadline
+  while pending:
+    ready, pending = ray.wait(pending, timeout=None if end is None else max(0.0, end - time.monotonic()))
+    if not ready:
+      hung()
+      ray.get(pending)
+    ray.get(ready)
+  return ray.get(list(refs))
 
 
-@dataclasses.dataclass(frozen=True)
-class _Theta:
-  """Θ on its way to the actor: the object store's reference to its NumPy arrays."""
+class _Gang:
+  """A learner's actors: one, or a gang of `ray.processes_per_learner` joined by jax.distributed (ray_host.join_gang),
+  each with its share of the slice's devices; called together (the first's answer is the learner's), ended together."""
 
-  ref: Any
+  def __init__(self, ray: Any, made: tuple, index: int, slices: tuple[int, ...], absent: bool):
+    _, num_devices, run, stream = made
+    size = run.ray.processes_per_learner
+    env = dict(XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices // size}", JAX_PLATFORMS="cpu")
+    actor = ray.remote(LearnerHost).options(num_cpus=0, runtime_env=dict(env_vars=env))
+    coordinator = _free_loopback_address() if size > 1 else ""
+    self._ray = ray
+    self.members = [actor.remote(index, slices, num_devices, run, stream, absent, (rank, size, coordinator))
+                    for rank in range(size)]
+
+  def call(self, name: str, *args, **kwargs) -> list[Any]:
+    return [getattr(member, name).remote(*args, **kwargs) for member in self.members]
+
+  def kill(self) -> None:
+    for member in self.members:
+      self._ray.kill(member, no_restart=True)
+
+
+def _free_loopback_address() -> str:
+  """host:port for a gang's coordinator (the local cluster's: gangs across hosts are not built)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 class ThetaPut:
@@ -107,154 +111,17 @@ class ThetaPut:
   def __init__(self):
     self._held: list[tuple[PyTree, Any]] = []  # (Θ, its reference): holding Θ keeps its identity its own
 
-  def newest(self) -> _Theta | None:
+  def newest(self) -> Theta | None:
     """The Θ put last (None before the first)."""
-    return _Theta(self._held[-1][1]) if self._held else None
+    return Theta(self._held[-1][1]) if self._held else None
 
-  def shared(self, theta: PyTree) -> _Theta:
+  def shared(self, theta: PyTree) -> Theta:
     import ray  # pylint: disable=g-import-not-at-top
     ref = next((ref for held, ref in self._held if held is theta), None)
     if ref is None:
-      ref = ray.put(_host_tree(theta))
+      ref = ray.put(host_tree(theta))
       self._held = [*self._held, (theta, ref)][-2:]
-    return _Theta(ref)
-
-
-def _host_tree(tree: PyTree) -> PyTree:
-  return None if tree is None else jax.tree.map(np.asarray, jax.device_get(tree))
-
-
-class LearnerHost:
-  """The actor's side: one in-process Learner on the actor's own devices, and its fault injector."""
-
-  def __init__(self, index: int, slices: tuple[int, ...], num_devices: int, run: RunConfig, stream: Any, absent: bool):
-    f = run.faults
-    self._injector = injection.Injector(run.learners + run.lent_slices, f.schedule) if injection.injects(run) else None
-    # The actor's programs check its own injector for as long as the actor lives (its process trains no other run):
-    # the routing is entered and held here (let go of, the context would end and route back to none)
-    self._routing = injection.ROUTER.routing(self._injector)
-    self._routing.__enter__()  # pylint: disable=unnecessary-dunder-call
-    self._devices = jax.devices()[:num_devices]
-    self._host = NamedSharding(devices_lib.slice_mesh([devices_lib.host_device()]), P())
-    self._schedule = f.schedule
-    self._sent: tuple[Any, dict[str, int]] = (None, {})  # (the book, how many of its rows each list has sent)
-    self._running: dict[int, Any] = {}  # (real clock) serial -> the device results of a part not yet awaited
-    self._serials = itertools.count() if run.clock.kind == "real" else None
-    # (no slices: an actor taking the place of a learner whose process ended while it had none, down or stopped)
-    self._learner = Learner(index, slices or -1, [self._devices], run, stream, self._injector, absent=absent)
-
-  def call(self, name: str, args: tuple, kwargs: dict) -> tuple[Any, dict]:
-    """Runs the learner's method with Θ laid out on the host as the syncer holds it; its result as host values, and
-    the book's figures after it."""
-    args = tuple(self._inbound(a) for a in args)
-    return self._outbound(getattr(self._learner, name)(*args, **kwargs)), self.figures()
-
-  def dispatch(self, *args, **kwargs) -> tuple[PartRecord, dict]:
-    """The learner's dispatch; under the real clock its part is numbered for `part_done`."""
-    part = self._learner.dispatch(*args, **kwargs)
-    record = self._outbound(part)
-    if self._serials is not None:
-      record = dataclasses.replace(record, serial=next(self._serials))
-      self._running[record.serial] = part.future
-    return record, self.figures()
-
-  def collect(self, now: float) -> tuple[PartRecord, dict]:
-    """The learner's collect; the part's record carries its step time (read by the controller with no round trip)."""
-    part = self._learner.collect(now)
-    return dataclasses.replace(self._outbound(part), step_seconds=self._learner.seconds_per_step(part)), self.figures()
-
-  def rejoin(self, slice_index: int, theta: "_Theta", version: int, now: float) -> tuple[None, dict]:
-    """The learner's rejoin, on its slice's devices (the actor's)."""
-    self._learner.rejoin(slice_index, self._devices, self._theta(theta), version, now)
-    return None, self.figures()
-
-  def warm_up(self, theta: "_Theta") -> tuple[None, dict]:
-    """The learner's warm-up, for the host here."""
-    self._learner.warm_up(self._theta(theta), self._host)
-    return None, self.figures()
-
-  async def part_done(self, serial: int) -> None:
-    """(Real clock) Returns when part `serial` has finished (raising its device error if it failed); it waits off
-    the actor's thread, so the controller's calls go on meanwhile."""
-    running = self._running.pop(serial)
-    await asyncio.get_running_loop().run_in_executor(None, jax.block_until_ready, running)
-
-  def figures(self) -> dict:
-    """The learner's book (its lists as the rows added since the last figures: a book restored starts them again),
-    where it trains, its parts in flight and their live tokens, whether Θ waits in its inbox, and what the merge
-    schedule reads of it at every event (the fragment it owes, the Θ it works from)."""
-    learner, book = self._learner, self._learner.book
-    if self._sent[0] is not book:
-      self._sent = (book, dict.fromkeys(_ROWS, 0))
-    sent, rows = self._sent[1], {}
-    for name in _ROWS:
-      kept = getattr(book, name)
-      rows[name], sent[name] = (sent[name], kept[sent[name]:]), len(kept)
-    scalars = {f.name: getattr(book, f.name) for f in dataclasses.fields(book) if f.name not in _ROWS}
-    return dict(book=scalars, rows=rows, slices=learner.slices, slice_index=learner.slice_index,
-                parts=tuple(p.kind for p in learner.parts), queued_steps=sum(p.steps for p in learner.parts),
-                live_tokens=learner.parts.live_tokens(), pid=os.getpid(),
-                has_theta=learner.inbox is not None, owed_fragment=learner.owed_fragment(),
-                live_bases=learner.live_bases())
-
-  def revive(self, book: dict, now: float, status: str, theta: "_Theta | None") -> tuple[None, dict]:
-    """This new actor takes the place of one whose process ended: the learner's book as of its last answer, then
-    failed as a lost slice fails it (no state, no parts, no slice; `status` DOWN, or FAILED), to rejoin from Θ; its
-    programs compiled first for `theta`'s shapes, if given, on the slice it will rejoin on. A learner that had nothing
-    to lose (down, stopped or absent) keeps its status (`status` ""). One call: an async actor's calls may run out of
-    the order they were made in."""
-    if theta is not None:
-      self.warm_up(theta)
-    self._learner.book = LearnerBook.restored(book)
-    if status:
-      self._learner.fail(now, status)
-    return None, self.figures()
-
-  def arm(self, how: str, *args, **kwargs) -> tuple[None, dict]:
-    """The controller's arming of a crash, done in the injector the actor's programs check."""
-    getattr(self._injector, how)(*args, **kwargs)
-    return None, self.figures()
-
-  def snapshot(self, treedefs: dict) -> tuple[tuple[dict, dict[str, np.ndarray], dict[str, str]], dict]:
-    """The learner's part of a checkpoint, packed here: its JSON, its arrays on the host, and the groups whose
-    program failed (the controller's packer takes them in: snapshot.Packer.fetched)."""
-    packer = snapshot_lib.Packer(self._schedule, treedefs, messages.CODECS)
-    saved = self._learner.snapshot(packer)
-    arrays, failed = snapshot_lib.fetch(packer.groups)
-    return (saved, arrays, failed), self.figures()
-
-  def restore(self, saved: dict, arrays: dict[str, np.ndarray], failed: dict[str, str], treedefs: dict,
-              theta: "_Theta") -> tuple[None, dict]:
-    """The learner as its checkpoint saw it, from the arrays its part names; the book's figures after."""
-    unpacker = snapshot_lib.Unpacker(arrays, failed, self._schedule, treedefs, self._host, messages.CODECS)
-    self._learner.restore(saved, unpacker, self._theta(theta))
-    return None, self.figures()
-
-  def settle(self) -> tuple[None, dict]:
-    """The run is over: one clean check program on the actor's slice, so an error token a crashed program left there
-    is replaced now, not raised at the actor's exit (on a slice that never crashed it changes nothing)."""
-    if self._injector is not None:
-      self._injector.settle([self._devices])
-    return None, self.figures()
-
-  def _inbound(self, value: Any) -> Any:
-    if isinstance(value, Delivery) and value.params is not None:
-      return dataclasses.replace(value, params=self._theta(value.params))
-    return self._theta(value) if isinstance(value, _Theta) else value
-
-  def _theta(self, theta: _Theta) -> PyTree:
-    """Θ from the object store, laid out on the host here as the syncer holds it."""
-    import ray  # pylint: disable=g-import-not-at-top
-    return jax.device_put(ray.get(theta.ref), self._host)
-
-  @staticmethod
-  def _outbound(result: Any) -> Any:
-    if isinstance(result, Report):
-      return dataclasses.replace(result, params=_host_tree(result.params))
-    if isinstance(result, RoundPart):  # its record
-      return PartRecord(result.kind, result.steps, result.tokens, result.started_at, result.modeled_seconds,
-                        result.queued_seconds)
-    return result
+    return Theta(ref)
 
 
 class RayLearner:
@@ -277,17 +144,10 @@ class RayLearner:
     # (real clock) deadlines: ray.hang_seconds and hang_factor, and its step time as last measured
     self._hang = (run.ray.hang_seconds, run.ray.hang_factor) if run.clock.kind == "real" else None
     self._step_seconds = 0.0
-    self._starting: Any = None  # a new actor's first call, not waited for when made
-    self._actor = self._start(slices, absent)
-    self._keep(ray.get(self._actor.figures.remote()))
+    self._starting: list[Any] | None = None  # a new gang's first call, not waited for when made
+    self._actor = _Gang(ray, self._made, index, slices, absent)  # (its processes start in the background)
+    self._keep(self._answer(self._actor.call("joined"), "joined")[1])
     self._delivered: Delivery | None = None
-
-  def _start(self, slices: tuple[int, ...], absent: bool = False) -> Any:
-    """A new actor for the learner (its process starts in the background)."""
-    _, num_devices, run, stream = self._made
-    env = dict(XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}", JAX_PLATFORMS="cpu")
-    actor = self._ray.remote(LearnerHost).options(num_cpus=0, runtime_env=dict(env_vars=env))
-    return actor.remote(self.index, slices, num_devices, run, stream, absent)
 
   # The book's figures, as of the last answer
   status = property(lambda self: self._book.status)
@@ -308,7 +168,8 @@ class RayLearner:
   def process_lost(self) -> injection.ProcessLost | None:
     return self._lost
 
-  pid = property(lambda self: self._figures["pid"])  # its actor's process, as of the last answer
+  pids = property(lambda self: self._figures["pids"])  # its actors' processes, as of the last answer
+  processes = property(lambda self: self._figures["processes"])  # how many its programs run across (jax's count)
 
   def _keep(self, figures: dict) -> None:
     """An answer's book and figures: the book's fields, and the rows its lists gained (from where it says)."""
@@ -328,8 +189,7 @@ class RayLearner:
       if self._starting is not None:  # (answered before this call is made)
         starting, self._starting = self._starting, None
         self._keep(self._answer(starting, "revive")[1])
-      result, figures = self._answer(getattr(self._actor, name).remote(*args, **kwargs),
-                                     args[0] if name == "call" else name)
+      result, figures = self._answer(self._actor.call(name, *args, **kwargs), args[0] if name == "call" else name)
     except self._ray.exceptions.RayTaskError as error:
       raise error.cause from None  # the learner's own error, as the controller handles it in process
     except self._ray.exceptions.RayActorError as error:
@@ -345,26 +205,29 @@ class RayLearner:
   def _call(self, name: str, *args, **kwargs) -> Any:
     return self._ask("call", name, args, kwargs)
 
-  def _answer(self, ref: Any, name: str) -> Any:
-    """The answer to the actor's call `name`: by its deadline (real clock), or the actor is killed for a hang."""
+  def _answer(self, refs: list[Any], name: str) -> tuple[Any, dict]:
+    """The answer to the actors' call `name` (the first's result and figures, with every actor's process id): by its
+    deadline (real clock), or the actors are killed for a hang."""
     deadline = None
     if self._hang is not None:
       deadline = self._hang[0] * (self._hang[1] if name in _COMPILING else 1.0)
     actor = self._actor
-    return _answer(ref, deadline, lambda: self._kill(actor, f"hung: no answer to {name} in {deadline:g} s"))
+    answers = _answer(refs, deadline, lambda: self._kill(actor, f"hung: no answer to {name} in {deadline:g} s"))
+    return answers[0][0], dict(answers[0][1], pids=tuple(figures["pid"] for _, figures in answers))
 
-  def _kill(self, actor: Any, why: str) -> None:
-    """Kills its hung actor (unless replaced since), its loss to say `why` (also called on the clock's thread)."""
+  def _kill(self, actor: "_Gang", why: str) -> None:
+    """Kills its hung actors (unless replaced since), their loss to say `why` (also called on the clock's thread)."""
     if actor is self._actor:
       self._hung = (actor, why)
-      self._ray.kill(actor, no_restart=True)
+      actor.kill()
 
   def _or_book(self, answer: Callable[[], Any], name: str, *args, reads: bool = False) -> Any:
     """The learner's method `name`, or once its process is found ended, `answer()` from its book as last known (the
     calls of the controller's loops over learners: a lost learner is crashed after the event, not in the middle). A
     pure read (`reads`) is answered so too while a new actor is starting: the controller does not wait for it."""
     if self._lost is None and not (reads and self._starting is not None  # (a new actor's first call unanswered)
-                                   and not self._ray.wait([self._starting], timeout=0)[0]):
+                                   and len(self._ray.wait(self._starting, num_returns=len(self._starting),
+                                                          timeout=0)[0]) < len(self._starting)):
       try:
         return self._call(name, *args)
       except injection.ProcessLost:
@@ -379,10 +242,10 @@ class RayLearner:
     failure = Failure(figures["slice_index"], detail, figures["live_tokens"] + book.unreported_tokens(),
                       book.unreported_busy)
     placed = bool(status)  # (on its slice until it fails there: its programs compile first)
-    self._ray.kill(self._actor, no_restart=True)  # (one only unavailable might come back: it is ended, too)
-    self._actor = self._start(self._made[0] if placed else ())
+    self._actor.kill()  # (one only unavailable might come back, and a gang's others are lost with it: all ended)
+    self._actor = _Gang(self._ray, self._made, self.index, self._made[0] if placed else (), False)
     theta = self._puts.newest() if placed else None
-    self._starting, self._lost = self._actor.revive.remote(book.snapshot(), now, status, theta), None
+    self._starting, self._lost = self._actor.call("revive", book.snapshot(), now, status, theta), None
     if status:  # (the new actor books the same move; its answer is awaited at the next call)
       book.set_status(f"learner {self.index}", status, now)
       self._figures = dict(figures, slices=(), slice_index=-1, parts=(), live_tokens=0, has_theta=False)
@@ -438,7 +301,7 @@ class RayLearner:
     seconds, factor = self._hang
     deadline = seconds + factor * self._figures["queued_steps"] * self._step_seconds if self._step_seconds else None
     actor = self._actor
-    return dataclasses.replace(part, future=_PartDone(self._actor.part_done.remote(part.serial), deadline,
+    return dataclasses.replace(part, future=_PartDone(self._actor.call("part_done", part.serial), deadline,
                                                       lambda why: self._kill(actor, why)))
 
   def collect(self, now: float) -> PartRecord:
