@@ -96,11 +96,13 @@ def test_slice_crash_traces_in_actors_train_the_in_process_run_bit_for_bit(clust
   assert results["ray"].final_eval_loss == results["local"].final_eval_loss
 
 
-def test_the_driver_killed_and_rerun_resumes_with_new_actors_bit_identical(cluster, tmp_path, monkeypatch):
+@pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["actor", "gang"])
+def test_the_driver_killed_and_rerun_resumes_with_new_actors_bit_identical(cluster, tmp_path, monkeypatch, processes):
   # Killed as it is about to save the checkpoints of merges 2 and 4, so it resumes from those of merges 1 (before the
-  # crash at t=25) and 3 (learner 1 down, its state lost): each rerun restores every learner into a new actor.
+  # crash at t=25) and 3 (learner 1 down, its state lost): each rerun restores every learner into new actors (a
+  # gang's members each lay out their share of the arrays they are sent).
   del cluster
-  config = _smoke("ray", "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan")
+  config = _smoke("ray", "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan", processes=processes)
   config.checkpoint_every = 1
   result = assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills=(2, 4))
   assert result.extras["faults"] == 2  # (the crash and the corrupt report; their rejoin and quarantine follow)
@@ -161,10 +163,12 @@ def _assert_replaced(controller, result, records, first, run, why: str = "proces
   assert result.final_eval_loss < 4.0
 
 
-def test_a_learner_whose_process_the_injector_kills_mid_round_rejoins_on_a_new_actor(cluster, tmp_path):
-  # ends=process: at inner step 24 the actor's own step check SIGKILLs its process (no error is raised anywhere)
+@pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["actor", "gang"])
+def test_a_learner_whose_process_the_injector_kills_mid_round_rejoins_on_a_new_actor(cluster, tmp_path, processes):
+  # ends=process: at inner step 24 the actor's own step check SIGKILLs its process (no error is raised anywhere; in
+  # a gang, each member's check ends its own)
   del cluster
-  _assert_replaced(*_killed_run(tmp_path, "crash:learner=1,step=24,ends=process,repair=0.5"))
+  _assert_replaced(*_killed_run(tmp_path, "crash:learner=1,step=24,ends=process,repair=0.5", processes=processes))
 
 
 def test_a_learner_whose_process_is_killed_from_outside_rejoins_on_a_new_actor(cluster, tmp_path):
