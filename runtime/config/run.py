@@ -395,8 +395,6 @@ def _validate_ray(run: RunConfig) -> None:
   check(run.slices in (0, run.learners), "slices", run.slices, f"0 (no spare slices) {why}")
   check(not run.capacity.schedule, "capacity.schedule", run.capacity.schedule, f"'' (no lent slices) {why}")
   check(run.data.assignment == "shards", "data.assignment", run.data.assignment, f"'shards' {why}")
-  check(run.compression.up == "none", "compression.up", run.compression.up, f"'none' {why}")
-  check(run.compression.down == "none", "compression.down", run.compression.down, f"'none' {why}")
   check(run.fragments == 1, "fragments", run.fragments, f"1 {why}")
   gang = run.ray.processes_per_learner
   check(gang >= 1 and run.num_devices % (run.learners * gang) == 0, "ray.processes_per_learner", gang,

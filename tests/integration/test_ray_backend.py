@@ -96,6 +96,25 @@ def test_slice_crash_traces_in_actors_train_the_in_process_run_bit_for_bit(clust
   assert results["ray"].final_eval_loss == results["local"].final_eval_loss
 
 
+def test_compressed_reports_and_theta_cross_to_actors_bit_for_bit(cluster, tmp_path):
+  # int8 both ways: a report leaves its actor as its payload's bytes, Θ's update reaches it as bytes decoded onto the
+  # Θ its downlink holds there; through a crash and a payload flipped on the wire (quarantined), the in-process run
+  del cluster
+  schedule = "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=flip"
+  results = {}
+  for backend in ("ray", "local"):
+    config = _smoke(backend, schedule)
+    config.compression.up, config.compression.down = "int8", "int8"
+    results[backend] = modes.train(config, tmp_path / backend)[0]
+  remote = _records(tmp_path / "ray" / "decoupled")
+  assert remote == _records(tmp_path / "local" / "decoupled")
+  assert [r["fault"] for r in remote if r["kind"] == "fault"] == ["corrupt", "quarantine", "crash", "rejoin"]
+  merge = next(r for r in remote if r["kind"] == "merge")  # (its reports' bytes: int8 and scales, not fp32's 4 a value)
+  fp32 = 4 * sum(x.size for x in jax.tree.leaves(results["ray"].params))
+  assert 0 < merge["bytes_up"] < 0.3 * fp32 * merge["num_merged"], merge
+  jax.tree.map(np.testing.assert_array_equal, results["ray"].params, results["local"].params)
+
+
 @pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["actor", "gang"])
 def test_the_driver_killed_and_rerun_resumes_with_new_actors_bit_identical(cluster, tmp_path, monkeypatch, processes):
   # Killed as it is about to save the checkpoints of merges 2 and 4, so it resumes from those of merges 1 (before the

@@ -16,7 +16,8 @@ own injector) and their rejoin on the same slice. A learner's process that ends 
 of its slice (`injection.ProcessLost`), and a new actor holding the learner's book as of its last answer takes its
 place, down, to rejoin from Θ (the proxy keeps that book: each answer brings its figures and the rows added since);
 under the real clock one that does not answer by its deadline is hung, and killed. Refused with a named field (the
-run's config check): several slices per learner, spare or lent slices, the data service, compression and fragments.
+run's config check): several slices per learner, spare or lent slices, the data service and fragments. Compressed
+reports and Θ updates cross as their payloads' bytes.
 Checkpoints: the actor packs its learner's part and the controller's packer takes it in, so a killed driver's rerun
 resumes with new actors.
 """
