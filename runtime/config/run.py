@@ -395,7 +395,6 @@ def _validate_ray(run: RunConfig) -> None:
   check(run.slices in (0, run.learners), "slices", run.slices, f"0 (no spare slices) {why}")
   check(not run.capacity.schedule, "capacity.schedule", run.capacity.schedule, f"'' (no lent slices) {why}")
   check(run.data.assignment == "shards", "data.assignment", run.data.assignment, f"'shards' {why}")
-  check(run.fragments == 1, "fragments", run.fragments, f"1 {why}")
   gang = run.ray.processes_per_learner
   check(gang >= 1 and run.num_devices % (run.learners * gang) == 0, "ray.processes_per_learner", gang,
         f"an integer >= 1 that splits each learner's slice evenly (num_devices {run.num_devices} / learners "

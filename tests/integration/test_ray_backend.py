@@ -115,6 +115,22 @@ def test_compressed_reports_and_theta_cross_to_actors_bit_for_bit(cluster, tmp_p
   jax.tree.map(np.testing.assert_array_equal, results["ray"].params, results["local"].params)
 
 
+@pytest.mark.slow  # ~30 s (the same machinery as the whole-Θ test above; its kill under the real clock is in the suite)
+def test_streaming_fragments_cross_to_actors_bit_for_bit(cluster, tmp_path):
+  # fragments=5 with one overlap step: each report a fragment's tensors, each delivery one fragment's Θ
+  del cluster
+  schedule = "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan"
+  results = {}
+  for backend in ("ray", "local"):
+    config = _smoke(backend, schedule)
+    config.fragments, config.overlap_steps = 5, 1
+    results[backend] = modes.train(config, tmp_path / backend)[0]
+  remote = _records(tmp_path / "ray" / "decoupled")
+  assert len(remote) >= 40 and remote == _records(tmp_path / "local" / "decoupled")
+  assert [r["fault"] for r in remote if r["kind"] == "fault"] == ["corrupt", "quarantine", "crash", "rejoin"]
+  jax.tree.map(np.testing.assert_array_equal, results["ray"].params, results["local"].params)
+
+
 @pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["actor", "gang"])
 def test_the_driver_killed_and_rerun_resumes_with_new_actors_bit_identical(cluster, tmp_path, monkeypatch, processes):
   # Killed as it is about to save the checkpoints of merges 2 and 4, so it resumes from those of merges 1 (before the
@@ -142,12 +158,14 @@ def test_under_the_real_clock_learners_in_actors_train_to_the_budget_through_a_c
 
 
 def _killed_run(tmp_path, schedule: str, kill_at_step: int | None = None, hang_seconds: float = 120.0,
-                processes: int = 1, member: int = 0, how: signal.Signals = signal.SIGKILL, hang_factor: float = 10.0):
+                processes: int = 1, member: int = 0, how: signal.Signals = signal.SIGKILL, hang_factor: float = 10.0,
+                fragments: int = 1):
   """A real-clock run whose learner 1 loses a process: by the injector (`schedule`), or its gang's `member` sent
   `how` (SIGKILL; SIGSTOP: it neither answers nor dies) from outside once it has trained `kill_at_step` inner steps.
   Its controller, result, records and learner 1's first process ids."""
   config = _smoke("ray", schedule, processes=processes)
   config.clock.kind, config.ray.hang_seconds, config.ray.hang_factor = "real", hang_seconds, hang_factor
+  config.fragments = fragments
   if kill_at_step is not None:
     config.faults.repair_seconds = 0.5  # (the injector's crash gives its own)
   run = modes.prepare(config)
@@ -190,9 +208,11 @@ def test_a_learner_whose_process_the_injector_kills_mid_round_rejoins_on_a_new_a
   _assert_replaced(*_killed_run(tmp_path, "crash:learner=1,step=24,ends=process,repair=0.5", processes=processes))
 
 
-def test_a_learner_whose_process_is_killed_from_outside_rejoins_on_a_new_actor(cluster, tmp_path):
+@pytest.mark.parametrize("fragments", [1, 2])
+def test_a_learner_whose_process_is_killed_from_outside_rejoins_on_a_new_actor(cluster, tmp_path, fragments):
+  # (with fragments its new actor compiles for Θ whole, not for the last fragment's tensors put for a delivery)
   del cluster
-  _assert_replaced(*_killed_run(tmp_path, "", kill_at_step=20))
+  _assert_replaced(*_killed_run(tmp_path, "", kill_at_step=20, fragments=fragments))
 
 
 def test_a_learner_whose_process_is_killed_before_the_run_starts_rejoins_on_a_new_actor(cluster, tmp_path):
@@ -298,7 +318,7 @@ def test_a_run_joins_a_running_cluster_at_its_address_and_leaves_it_running(tmp_
     ("slices_per_learner", 2, "1 with backend 'ray'"),
     ("data.assignment", "service", "'shards' with backend 'ray'"),
     ("ray.address", "auto", "'' unless backend is 'ray'"),
-    ("fragments", 2, "1 with backend 'ray'"),
+    ("slices", 3, "0 (no spare slices) with backend 'ray'"),
     ("ray.hang_seconds", 0.0, "a number of seconds > 0"),
     ("ray.processes_per_learner", 3, "an integer >= 1 that splits each learner's slice evenly"),
 ])

@@ -16,8 +16,8 @@ own injector) and their rejoin on the same slice. A learner's process that ends 
 of its slice (`injection.ProcessLost`), and a new actor holding the learner's book as of its last answer takes its
 place, down, to rejoin from Θ (the proxy keeps that book: each answer brings its figures and the rows added since);
 under the real clock one that does not answer by its deadline is hung, and killed. Refused with a named field (the
-run's config check): several slices per learner, spare or lent slices, the data service and fragments. Compressed
-reports and Θ updates cross as their payloads' bytes.
+run's config check): several slices per learner, spare or lent slices and the data service. Compressed reports and
+Θ updates cross as their payloads' bytes, a fragment's Θ as its own put.
 Checkpoints: the actor packs its learner's part and the controller's packer takes it in, so a killed driver's rerun
 resumes with new actors.
 """
@@ -32,6 +32,7 @@ import time
 from typing import Any, Callable
 
 from runtime.checkpoint import snapshot as snapshot_lib
+from runtime.config.fragment_plan import WHOLE
 from runtime.config.run import RunConfig
 from runtime.diloco.learner.book import LearnerBook
 from runtime.diloco.learner.interface import Failure
@@ -111,17 +112,21 @@ class ThetaPut:
 
   def __init__(self):
     self._held: list[tuple[PyTree, Any]] = []  # (Θ, its reference): holding Θ keeps its identity its own
+    self._whole: Any = None  # the reference of the newest Θ put whole (not one fragment's tensors)
 
   def newest(self) -> Theta | None:
-    """The Θ put last (None before the first)."""
-    return Theta(self._held[-1][1]) if self._held else None
+    """The newest Θ put whole (None before the first): the shapes a new actor compiles for."""
+    return None if self._whole is None else Theta(self._whole)
 
-  def shared(self, theta: PyTree) -> Theta:
+  def shared(self, theta: PyTree, whole: bool = True) -> Theta:
+    """Θ's reference (put now, unless held); `whole`: all of Θ, not one fragment's tensors."""
     import ray  # pylint: disable=g-import-not-at-top
     ref = next((ref for held, ref in self._held if held is theta), None)
     if ref is None:
       ref = ray.put(host_tree(theta))
       self._held = [*self._held, (theta, ref)][-2:]
+    if whole:
+      self._whole = ref
     return Theta(ref)
 
 
@@ -335,7 +340,7 @@ class RayLearner:
     return None  # (the actor lays Θ out itself when it adopts it)
 
   def deliver(self, delivery: Delivery) -> bool:
-    params = None if delivery.params is None else self._puts.shared(delivery.params)
+    params = None if delivery.params is None else self._puts.shared(delivery.params, delivery.fragment == WHOLE)
     kept = self._call("deliver", dataclasses.replace(delivery, params=params, placed=None))
     if kept:
       self._delivered = delivery
