@@ -391,14 +391,16 @@ def _validate_ray(run: RunConfig) -> None:
         "'local' unless Ray is installed (the `ray` extra: pip install -e '.[ray]')")
   why = "with backend 'ray' (not built for it yet)"
   check(run.mode in ("decoupled", "diloco_sync"), "mode", run.mode, f"'decoupled' or 'diloco_sync' {why}")
-  check(run.slices_per_learner == 1, "slices_per_learner", run.slices_per_learner, f"1 {why}")
-  check(run.slices in (0, run.learners), "slices", run.slices, f"0 (no spare slices) {why}")
+  check(run.slices in (0, run.learners * run.slices_per_learner), "slices", run.slices, f"0 (no spare slices) {why}")
   check(not run.capacity.schedule, "capacity.schedule", run.capacity.schedule, f"'' (no lent slices) {why}")
   check(run.data.assignment == "shards", "data.assignment", run.data.assignment, f"'shards' {why}")
   gang = run.ray.processes_per_learner
   check(gang >= 1 and run.num_devices % (run.learners * gang) == 0, "ray.processes_per_learner", gang,
         f"an integer >= 1 that splits each learner's slice evenly (num_devices {run.num_devices} / learners "
         f"{run.learners} divisible by it)")
+  check(gang == 1 or run.slices_per_learner == 1, "ray.processes_per_learner", gang,
+        f"1 with slices_per_learner {run.slices_per_learner} (a learner of several slices that loses one moves its "
+        "state onto fewer processes' devices: JAX on CPU moves no array between processes)")
   check(gang == 1 or not run.ray.address, "ray.processes_per_learner", gang,
         f"1 with ray.address {run.ray.address!r} (a gang's processes on several hosts are not built: local "
         "cluster only)")

@@ -56,7 +56,7 @@ def make_learners(run: RunConfig, exp: Experiment, devices: Sequence[list[jax.De
               else LeasedStream(data_service, batch_size=batch, learner=m))
     home = learner_slices.home(m, run.slices_per_learner) if owned else -1
     if run.backend == "ray":
-      learners.append(ray_learner.RayLearner(m, home, len(devices[home[0]]), run, stream, puts))
+      learners.append(ray_learner.RayLearner(m, home, sum(len(devices[s]) for s in home), run, stream, puts))
     else:
       learners.append(Learner(m, home, [devices[s] for s in home] if owned else [], run, stream, injector,
                               absent=not owned))

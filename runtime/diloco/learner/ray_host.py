@@ -74,8 +74,8 @@ class LearnerHost:
   """The actor's side: one in-process Learner on the actor's own devices (with `gang`, (rank, size, coordinator),
   on its gang's: see join_gang), and its fault injector."""
 
-  def __init__(self, index: int, slices: tuple[int, ...], num_devices: int, run: RunConfig, stream: Any, absent: bool,
-               gang: tuple[int, int, str] = (0, 1, "")):
+  def __init__(self, index: int, slices: tuple[int, ...], home: tuple[int, ...], num_devices: int, run: RunConfig,
+               stream: Any, absent: bool, gang: tuple[int, int, str] = (0, 1, "")):
     if gang[1] > 1:
       join_gang(*gang)
     f = run.faults
@@ -85,6 +85,8 @@ class LearnerHost:
     self._routing = injection.ROUTER.routing(self._injector)
     self._routing.__enter__()  # pylint: disable=unnecessary-dunder-call
     self._devices = jax.devices()[:num_devices]
+    per = num_devices // len(home)  # (its home slices' devices, in order: the controller's slice i is its group i)
+    self._groups = {s: self._devices[i * per:(i + 1) * per] for i, s in enumerate(home)}
     # (a gang's members hold Θ as NumPy: a device array of one process cannot be laid out on the others' devices)
     self._host = None if gang[1] > 1 else NamedSharding(devices_lib.slice_mesh([devices_lib.host_device()]), P())
     self._schedule = f.schedule
@@ -92,7 +94,13 @@ class LearnerHost:
     self._running: dict[int, Any] = {}  # (real clock) serial -> the device results of a part not yet awaited
     self._serials = itertools.count() if run.clock.kind == "real" else None
     # (no slices: an actor taking the place of a learner whose process ended while it had none, down or stopped)
-    self._learner = Learner(index, slices or -1, [self._devices], run, stream, self._injector, absent=absent)
+    self._learner = Learner(index, slices or -1, self.devices_of(slices) if slices else [], run, stream,
+                            self._injector, absent=absent)
+
+  def devices_of(self, slices: int | tuple[int, ...]) -> list:
+    """The devices here of one of its home slices (a slice index), or of each of several (a tuple): the controller's
+    slice i of its home is its devices' group i."""
+    return self._groups[slices] if isinstance(slices, int) else [self._groups[s] for s in slices]
 
   def joined(self) -> tuple[None, dict]:
     """Its first answer: the book's figures as the actor starts (a gang's member: once the gang has joined)."""
@@ -118,14 +126,19 @@ class LearnerHost:
     part = self._learner.collect(now)
     return dataclasses.replace(self._outbound(part), step_seconds=self._learner.seconds_per_step(part)), self.figures()
 
-  def rejoin(self, slice_index: int, theta: "Theta", version: int, now: float) -> tuple[None, dict]:
-    """The learner's rejoin, on its slice's devices (the actor's)."""
-    self._learner.rejoin(slice_index, self._devices, self._theta(theta), version, now)
+  def rejoin(self, slice_index: int | tuple[int, ...], theta: "Theta", version: int, now: float) -> tuple[None, dict]:
+    """The learner's rejoin, on its slice's (or slices') devices here."""
+    self._learner.rejoin(slice_index, self.devices_of(slice_index), self._theta(theta), version, now)
     return None, self.figures()
 
-  def warm_up(self, theta: "Theta") -> tuple[None, dict]:
-    """The learner's warm-up, for the host here."""
-    self._learner.warm_up(self._theta(theta), self._host)
+  def move_to(self, slices: int | tuple[int, ...], regroup: bool = False) -> tuple[None, dict]:
+    """The learner's move_to (or with `regroup`, its state taken along) onto these of its slices' devices here."""
+    (self._learner.regroup if regroup else self._learner.move_to)(slices, self.devices_of(slices))
+    return None, self.figures()
+
+  def warm_up(self, theta: "Theta", where: tuple[int, ...] | None = None) -> tuple[None, dict]:
+    """The learner's warm-up, for the host here (on `where`, a set of its slices, if given)."""
+    self._learner.warm_up(self._theta(theta), self._host, None if where is None else (where, self.devices_of(where)))
     return None, self.figures()
 
   async def part_done(self, serial: int) -> None:

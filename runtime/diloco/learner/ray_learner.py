@@ -8,15 +8,16 @@ of NumPy arrays shared by reference by every learner it goes to (laid out on the
 syncer holds it), a report comes back as NumPy arrays, a part as its record. Each call returns the learner's book
 figures with its result, so reading them costs no round trip.
 
-What is built: learners of one slice each on simulated CPU devices, of one process each or of several (a gang,
-`ray.processes_per_learner`: see ray_host.py; called, awaited and ended as one), both clocks (under the real one a
+What is built: learners of one slice or several (`slices_per_learner`: the actor holds its home slices' devices, one
+group each, and shrinks, grows or restarts among them as in process) on simulated CPU devices, of one process each or
+of several (a gang, `ray.processes_per_learner`: see ray_host.py; called, awaited and ended as one), both clocks (under the real one a
 part's future is the actor's `part_done`, awaited off the actor's thread), crashes of a learner or its slice (armed in the actor's
 own injector) and their rejoin on the same slice. A learner's process that ends (killed by the injector,
 `ends=process`, or from outside) is a removed future: found where the learner has to answer, it is read as the loss
 of its slice (`injection.ProcessLost`), and a new actor holding the learner's book as of its last answer takes its
 place, down, to rejoin from Θ (the proxy keeps that book: each answer brings its figures and the rows added since);
 under the real clock one that does not answer by its deadline is hung, and killed. Refused with a named field (the
-run's config check): several slices per learner, spare or lent slices and the data service. Compressed reports and
+run's config check): spare or lent slices and the data service. Compressed reports and
 Θ updates cross as their payloads' bytes, a fragment's Θ as its own put.
 Checkpoints: the actor packs its learner's part and the controller's packer takes it in, so a killed driver's rerun
 resumes with new actors.
@@ -31,6 +32,8 @@ import tempfile
 import time
 from typing import Any, Callable
 
+import jax
+
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.config.fragment_plan import WHOLE
 from runtime.config.run import RunConfig
@@ -44,7 +47,6 @@ from runtime.faults import injection
 PyTree = Any
 
 _COMPILING = ("joined", "warm_up", "revive")  # the calls that start its processes or compile (a longer deadline)
-_ONE_SLICE = "backend 'ray': a learner keeps its one slice (the config check refuses the rest)"
 
 
 class _PartDone:
@@ -84,11 +86,15 @@ class _Gang:
   def __init__(self, ray: Any, made: tuple, index: int, slices: tuple[int, ...], absent: bool):
     _, num_devices, run, stream = made
     size = run.ray.processes_per_learner
-    env = dict(XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices // size}", JAX_PLATFORMS="cpu")
+    # (one process: as many simulated devices as the controller has, of which it trains on its slices': XLA:CPU's
+    # programs on a device then compute the bits they compute there, which depend on how many devices it shares
+    # the host with; a gang's process: its share)
+    count = num_devices // size if size > 1 else max(num_devices, jax.device_count())
+    env = dict(XLA_FLAGS=f"--xla_force_host_platform_device_count={count}", JAX_PLATFORMS="cpu")
     actor = ray.remote(LearnerHost).options(num_cpus=0, runtime_env=dict(env_vars=env))
     coordinator = _free_loopback_address() if size > 1 else ""
     self._ray = ray
-    self.members = [actor.remote(index, slices, num_devices, run, stream, absent, (rank, size, coordinator))
+    self.members = [actor.remote(index, slices, made[0], num_devices, run, stream, absent, (rank, size, coordinator))
                     for rank in range(size)]
 
   def call(self, name: str, *args, **kwargs) -> list[Any]:
@@ -362,23 +368,21 @@ class RayLearner:
   def await_repair(self, now: float) -> None:
     self._call("await_repair", now)
 
-  # Placement, failure and return (the actor's devices are its one slice's)
+  # Placement, failure and return (the actor's devices are its home slices': each slice's its own group of them)
   def move_to(self, slices: int | tuple[int, ...], devices: list) -> None:
-    del slices, devices
-    raise NotImplementedError(_ONE_SLICE)
+    del devices  # (the actor's own)
+    self._ask("move_to", slices)
 
   def warm_up(self, theta_host: PyTree, host_sharding: Any, where: tuple | None = None) -> None:
     del host_sharding  # (the actor's own host)
-    if where is not None:
-      raise NotImplementedError(_ONE_SLICE)
-    self._ask("warm_up", self._puts.shared(theta_host))
+    self._ask("warm_up", self._puts.shared(theta_host), None if where is None else where[0])
 
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
     self._call("reset", self._puts.shared(theta_host), version, now)
 
   def regroup(self, slices: tuple[int, ...], groups: list[list[Any]]) -> None:
-    del slices, groups
-    raise NotImplementedError(_ONE_SLICE)
+    del groups  # (the actor's own)
+    self._ask("move_to", slices, regroup=True)
 
   def fail(self, now: float, status: str = DOWN) -> Failure:
     """Its slice failed: in its actor as in process; a lost process is replaced (`_replaced`), its loss named in the
