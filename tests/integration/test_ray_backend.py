@@ -161,6 +161,7 @@ def test_the_driver_killed_and_rerun_resumes_with_new_actors_bit_identical(clust
 
 
 
+@pytest.mark.slow  # ~50 s; the suite keeps a gang's training and replacement (test_ray_deaths.py)
 def test_a_learner_of_two_processes_trains_the_in_process_run_bit_for_bit(cluster, tmp_path):
   # ray.processes_per_learner=2: each learner a gang of two processes joined by jax.distributed, one device each, its
   # programs run across both (the gradient's mean over the slice an all-reduce between them); through a crash and
