@@ -391,7 +391,8 @@ def _validate_ray(run: RunConfig) -> None:
         "'local' unless Ray is installed (the `ray` extra: pip install -e '.[ray]')")
   why = "with backend 'ray' (not built for it yet)"
   check(run.mode in ("decoupled", "diloco_sync"), "mode", run.mode, f"'decoupled' or 'diloco_sync' {why}")
-  check(run.slices in (0, run.learners * run.slices_per_learner), "slices", run.slices, f"0 (no spare slices) {why}")
+  check(run.slices_per_learner == 1 or run.slices in (0, run.learners * run.slices_per_learner), "slices", run.slices,
+        f"0 (no spare slices) with slices_per_learner {run.slices_per_learner} {why}")
   check(not run.capacity.schedule, "capacity.schedule", run.capacity.schedule, f"'' (no lent slices) {why}")
   check(run.data.assignment == "shards", "data.assignment", run.data.assignment, f"'shards' {why}")
   gang = run.ray.processes_per_learner

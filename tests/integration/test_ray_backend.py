@@ -148,6 +148,39 @@ def test_learners_of_two_slices_in_actors_train_the_in_process_run_bit_for_bit(c
   jax.tree.map(np.testing.assert_array_equal, results["ray"].params, results["local"].params)
 
 
+def test_a_learner_moved_to_a_spare_slice_trains_in_a_new_actor_the_in_process_run_bit_for_bit(cluster, tmp_path):
+  # slices=3: slice 2 is spare. Learner 1's slice crashes at t=25 (repaired after 60 s): the spare reaches it after
+  # the swap, in a new actor made for that slice (its book carried over), and the run is the in-process one
+  del cluster
+  results, pids = {}, {}
+  for backend in ("ray", "local"):
+    config = _smoke(backend, "crash:learner=1,time=25,repair=60")
+    config.num_devices, config.slices = 6, 3
+    run = modes.prepare(config)
+    controller = Controller(run, Experiment(run), tmp_path / backend, "decoupled")
+    pids[backend] = getattr(controller.learners[1], "pids", ())
+    results[backend] = controller.train()
+    if backend == "ray":
+      assert controller.learners[1].slices == (2,) and not set(controller.learners[1].pids) & set(pids["ray"])
+  remote = _records(tmp_path / "ray" / "decoupled")
+  assert remote == _records(tmp_path / "local" / "decoupled")
+  rejoin = [r["detail"] for r in remote if r.get("fault") == "rejoin"]
+  assert rejoin == ["on slice 2"], rejoin
+  jax.tree.map(np.testing.assert_array_equal, results["ray"].params, results["local"].params)
+
+
+@pytest.mark.slow  # ~70 s
+def test_a_learner_on_a_spare_slice_resumes_in_an_actor_made_for_it_bit_identical(cluster, tmp_path, monkeypatch):
+  # killed before the checkpoints of merges 4 and 5 (learner 1 on spare slice 2 since t=30): each rerun restores
+  # learner 1 into a new actor made for slice 2
+  del cluster
+  config = _smoke("ray", "crash:learner=1,time=25,repair=60")
+  config.num_devices, config.slices, config.checkpoint_every = 6, 3, 1
+  assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills=(4, 5))
+  rejoin = [r["detail"] for r in _records(tmp_path / "killed" / "decoupled") if r.get("fault") == "rejoin"]
+  assert rejoin == ["on slice 2"], rejoin
+
+
 @pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["actor", "gang"])
 def test_the_driver_killed_and_rerun_resumes_with_new_actors_bit_identical(cluster, tmp_path, monkeypatch, processes):
   # Killed as it is about to save the checkpoints of merges 2 and 4, so it resumes from those of merges 1 (before the
@@ -225,7 +258,7 @@ def test_a_run_joins_a_running_cluster_at_its_address_and_leaves_it_running(tmp_
 @pytest.mark.parametrize("field, value, allowed", [
     ("data.assignment", "service", "'shards' with backend 'ray'"),
     ("ray.address", "auto", "'' unless backend is 'ray'"),
-    ("slices", 3, "0 (no spare slices) with backend 'ray'"),
+    ("capacity.schedule", "lend:slices=1,time=10,duration=20", "'' (no lent slices) with backend 'ray'"),
     ("ray.hang_seconds", 0.0, "a number of seconds > 0"),
     ("ray.processes_per_learner", 3, "an integer >= 1 that splits each learner's slice evenly"),
 ])

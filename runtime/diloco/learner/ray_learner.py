@@ -12,12 +12,13 @@ What is built: learners of one slice or several (`slices_per_learner`: the actor
 group each, and shrinks, grows or restarts among them as in process) on simulated CPU devices, of one process each or
 of several (a gang, `ray.processes_per_learner`: see ray_host.py; called, awaited and ended as one), both clocks (under the real one a
 part's future is the actor's `part_done`, awaited off the actor's thread), crashes of a learner or its slice (armed in the actor's
-own injector) and their rejoin on the same slice. A learner's process that ends (killed by the injector,
+own injector) and their rejoin (on the same slice, or a spare). A learner's process that ends (killed by the injector,
 `ends=process`, or from outside) is a removed future: found where the learner has to answer, it is read as the loss
 of its slice (`injection.ProcessLost`), and a new actor holding the learner's book as of its last answer takes its
 place, down, to rejoin from Θ (the proxy keeps that book: each answer brings its figures and the rows added since);
 under the real clock one that does not answer by its deadline is hung, and killed. Refused with a named field (the
-run's config check): spare or lent slices and the data service. Compressed reports and
+run's config check): lent slices, the data service, and spares for learners of several slices (a spare that reaches a
+learner of one slice gets a new actor made for it, the learner's book carried over). Compressed reports and
 Θ updates cross as their payloads' bytes, a fragment's Θ as its own put.
 Checkpoints: the actor packs its learner's part and the controller's packer takes it in, so a killed driver's rerun
 resumes with new actors.
@@ -370,8 +371,20 @@ class RayLearner:
 
   # Placement, failure and return (the actor's devices are its home slices': each slice's its own group of them)
   def move_to(self, slices: int | tuple[int, ...], devices: list) -> None:
-    del devices  # (the actor's own)
+    self._held_by_actor(slices, devices, 0.0)
     self._ask("move_to", slices)
+
+  def _held_by_actor(self, slices: int | tuple[int, ...], devices: list, now: float) -> None:
+    """Its actor holds `slices`' devices (one slice's devices, or each slice's): those of its own slices, or for a
+    spare (whose devices another actor would hold), a new actor made for it takes the learner, its book carried
+    over: the learner has nothing on devices then (down before a rejoin, or not yet restored)."""
+    if isinstance(slices, int):
+      slices, devices = (slices,), [devices]
+    if not set(slices) <= set(self._made[0]):
+      self._actor.kill()
+      self._made = (tuple(slices), sum(len(group) for group in devices), *self._made[2:])
+      self._actor = _Gang(self._ray, self._made, self.index, tuple(slices), False)
+      self._starting = self._actor.call("revive", self._book.snapshot(), now, "", self._puts.newest())
 
   def warm_up(self, theta_host: PyTree, host_sharding: Any, where: tuple | None = None) -> None:
     del host_sharding  # (the actor's own host)
@@ -401,8 +414,10 @@ class RayLearner:
   def leave(self, now: float) -> Failure:
     return self._call("leave", now)
 
-  def rejoin(self, slice_index: int, devices: list[Any], theta_host: PyTree, version: int, now: float) -> None:
-    del devices  # (the actor's own)
+  def rejoin(self, slice_index: int | tuple[int, ...], devices: list[Any], theta_host: PyTree, version: int,
+             now: float) -> None:
+    """Back on its slice, or on a spare (in a new actor: `_held_by_actor`)."""
+    self._held_by_actor(slice_index, devices, now)
     self._ask("rejoin", slice_index, self._puts.shared(theta_host), version, now)
 
   def give_back_unreported(self) -> None:
