@@ -42,8 +42,7 @@ DTYPES = ("float32", "bfloat16")
 # resumes whatever they are now.
 QUIET_FIELDS = ("progress", "tensorboard", "compile_cache", "backend", "ray.address", "ray.hang_seconds",
                 "ray.hang_factor", "ray.processes_per_learner", "checkpoint_every", "checkpoint_seconds",
-                "checkpoint_wall_seconds",
-                "checkpoint_keep", "resume", "save_model_every")
+                "checkpoint_wall_seconds", "checkpoint_keep", "resume", "save_model_every")
 # Fields a run resumes under whatever they are now: the quiet ones, and when it evaluates, what it logs and how many
 # batches its loader prepares ahead. Every other field changes the training, and a changed one is refused on resume.
 RESUMABLE_FIELDS = (*QUIET_FIELDS, "eval_every", "log_every", "data.prefetch")

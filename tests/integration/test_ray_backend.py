@@ -114,7 +114,7 @@ def test_compressed_reports_and_theta_cross_to_actors_bit_for_bit(cluster, tmp_p
   jax.tree.map(np.testing.assert_array_equal, results["ray"].params, results["local"].params)
 
 
-@pytest.mark.slow  # ~30 s (the same machinery as the whole-Θ test above; its kill under the real clock is in the suite)
+@pytest.mark.slow  # ~30 s (the same machinery as the whole-Θ test above; its real-clock kill is in the suite)
 def test_streaming_fragments_cross_to_actors_bit_for_bit(cluster, tmp_path):
   # fragments=5 with one overlap step: each report a fragment's tensors, each delivery one fragment's Θ
   del cluster

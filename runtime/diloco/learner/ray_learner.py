@@ -10,16 +10,16 @@ figures with its result, so reading them costs no round trip.
 
 What is built: learners of one slice or several (`slices_per_learner`: the actor holds its home slices' devices, one
 group each, and shrinks, grows or restarts among them as in process) on simulated CPU devices, of one process each or
-of several (a gang, `ray.processes_per_learner`: see ray_host.py; called, awaited and ended as one), both clocks (under the real one a
-part's future is the actor's `part_done`, awaited off the actor's thread), crashes of a learner or its slice (armed in the actor's
-own injector) and their rejoin (on the same slice, or a spare). A learner's process that ends (killed by the injector,
-`ends=process`, or from outside) is a removed future: found where the learner has to answer, it is read as the loss
-of its slice (`injection.ProcessLost`), and a new actor holding the learner's book as of its last answer takes its
-place, down, to rejoin from Θ (the proxy keeps that book: each answer brings its figures and the rows added since);
-under the real clock one that does not answer by its deadline is hung, and killed. Refused with a named field (the
-run's config check): lent slices, the data service, and spares for learners of several slices (a spare that reaches a
-learner of one slice gets a new actor made for it, the learner's book carried over). Compressed reports and
-Θ updates cross as their payloads' bytes, a fragment's Θ as its own put.
+of several (a gang, `ray.processes_per_learner`: see ray_host.py; called, awaited and ended as one), both clocks
+(under the real one a part's future is the actor's `part_done`, awaited off the actor's thread), crashes of a learner
+or its slice (armed in the actor's own injector) and their rejoin (on the same slice, or a spare). A learner's process
+that ends (killed by the injector, `ends=process`, or from outside) is a removed future: found where the learner has
+to answer, it is read as the loss of its slice (`injection.ProcessLost`), and a new actor holding the learner's book
+as of its last answer takes its place, down, to rejoin from Θ (the proxy keeps that book: each answer brings its
+figures and the rows added since); under the real clock one that does not answer by its deadline is hung, and killed.
+Refused with a named field (the run's config check): lent slices, the data service, and spares for learners of several
+slices (a spare that reaches a learner of one slice gets a new actor made for it, the learner's book carried over).
+Compressed reports and Θ updates cross as their payloads' bytes, a fragment's Θ as its own put.
 Checkpoints: the actor packs its learner's part and the controller's packer takes it in, so a killed driver's rerun
 resumes with new actors.
 """
@@ -70,6 +70,12 @@ def _answer(refs: list[Any], deadline: float | None, hung: Callable[[], None]) -
   if they are not all in by the deadline (seconds), `hung()` kills the actors and their death is raised
   (RayActorError), as for ones that died."""
   import ray  # pylint: disable=g-import-not-at-top
+  if len(refs) == 1:  # (one actor: one round trip)
+    try:
+      return [ray.get(refs[0], timeout=deadline)]
+    except ray.exceptions.GetTimeoutError:
+      hung()
+      return [ray.get(refs[0])]
   pending, end = list(refs), None if deadline is None else time.monotonic() + deadline
   while pending:
     ready, pending = ray.wait(pending, timeout=None if end is None else max(0.0, end - time.monotonic()))
