@@ -93,10 +93,13 @@ class _Gang:
   def __init__(self, ray: Any, made: tuple, index: int, slices: tuple[int, ...], absent: bool):
     _, num_devices, run, stream = made
     size = run.ray.processes_per_learner
-    # (one process: as many simulated devices as the controller has, of which it trains on its slices': XLA:CPU's
-    # programs on a device then compute the bits they compute there, which depend on how many devices it shares
-    # the host with; a gang's process: its share)
-    count = num_devices // size if size > 1 else max(num_devices, jax.device_count())
+    # (its share of the slices' simulated devices; under the virtual clock one process has as many as the
+    # controller, of which it trains on its slices': XLA:CPU's one-device programs were seen computing other bits in
+    # a process of 8 devices than of 2 or 4. Not under the real clock, where more devices' threads would contend for
+    # the host's cores: docs/known_gaps.md)
+    count = num_devices // size
+    if size == 1 and run.clock.kind == "virtual":
+      count = max(num_devices, jax.device_count())
     env = dict(XLA_FLAGS=f"--xla_force_host_platform_device_count={count}", JAX_PLATFORMS="cpu")
     actor = ray.remote(LearnerHost).options(num_cpus=0, runtime_env=dict(env_vars=env))
     coordinator = _free_loopback_address() if size > 1 else ""
