@@ -401,6 +401,9 @@ def _validate_ray(run: RunConfig) -> None:
   check(gang == 1 or run.slices_per_learner == 1, "ray.processes_per_learner", gang,
         f"1 with slices_per_learner {run.slices_per_learner} (a learner of several slices that loses one moves its "
         "state onto fewer processes' devices: JAX on CPU moves no array between processes)")
+  check(gang == 1 or (not run.fsdp and run.mesh.tensor == 1), "ray.processes_per_learner", gang,
+        f"1 with fsdp {run.fsdp} and mesh.tensor {run.mesh.tensor} (a gang's member reads a report from the "
+        "parameters it holds whole: replicated over the slice, fsdp False and mesh.tensor 1)")
   check(gang == 1 or not run.ray.address, "ray.processes_per_learner", gang,
         f"1 with ray.address {run.ray.address!r} (a gang's processes on several hosts are not built: local "
         "cluster only)")

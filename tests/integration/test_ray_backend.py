@@ -274,6 +274,7 @@ def test_what_the_ray_backend_has_not_built_is_refused_naming_the_field(field, v
 @pytest.mark.parametrize("backend, address, allowed", [
     ("local", "", "1 unless backend is 'ray'"),
     ("ray", "", "1 with slices_per_learner 2 (a learner of several slices that loses one moves its state"),
+    ("ray", "", "1 with fsdp True and mesh.tensor 1 (a gang's member reads a report from the parameters it holds"),
     ("ray", "127.0.0.1:6379", "1 with ray.address '127.0.0.1:6379' (a gang's processes on several hosts are not built"),
 ])
 def test_a_learner_of_several_processes_is_refused_where_it_is_not_built(backend, address, allowed):
@@ -281,6 +282,7 @@ def test_a_learner_of_several_processes_is_refused_where_it_is_not_built(backend
   config.ray.address = address
   if "slices_per_learner" in allowed:
     config.slices_per_learner, config.num_devices = 2, 8
+  config.fsdp = "fsdp True" in allowed
   with pytest.raises(ConfigError) as refused:
     modes.prepare(config)
   assert "ray.processes_per_learner" in str(refused.value) and allowed in str(refused.value)
