@@ -48,6 +48,22 @@ def _records(run_dir) -> list[dict]:
           for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _same_as_in_process(tmp_path, schedule: str, **fields) -> tuple[list[dict], object]:
+  """The smoke run with `schedule` and `fields` (dotted names: "faults.learner_recovery") in actors and in process:
+  asserts equal records and Θ; the records and the Ray run's result."""
+  results = {}
+  for backend in ("ray", "local"):
+    config = _smoke(backend, schedule)
+    for field, value in fields.items():
+      section, _, name = field.rpartition(".")
+      setattr(config[section] if section else config, name, value)
+    results[backend] = modes.train(config, tmp_path / backend)[0]
+  remote = _records(tmp_path / "ray" / "decoupled")
+  assert remote == _records(tmp_path / "local" / "decoupled")
+  jax.tree.map(np.testing.assert_array_equal, results["ray"].params, results["local"].params)
+  return remote, results["ray"]
+
+
 @pytest.fixture(scope="module")
 def cluster():
   """One local cluster for the module's runs (the runs would start it themselves; started here, it is shared)."""
@@ -99,35 +115,22 @@ def test_compressed_reports_and_theta_cross_to_actors_bit_for_bit(cluster, tmp_p
   # int8 both ways: a report leaves its actor as its payload's bytes, Θ's update reaches it as bytes decoded onto the
   # Θ its downlink holds there; through a crash and a payload flipped on the wire (quarantined), the in-process run
   del cluster
-  schedule = "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=flip"
-  results = {}
-  for backend in ("ray", "local"):
-    config = _smoke(backend, schedule)
-    config.compression.up, config.compression.down = "int8", "int8"
-    results[backend] = modes.train(config, tmp_path / backend)[0]
-  remote = _records(tmp_path / "ray" / "decoupled")
-  assert remote == _records(tmp_path / "local" / "decoupled")
+  remote, result = _same_as_in_process(tmp_path, "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=flip",
+                                       **{"compression.up": "int8", "compression.down": "int8"})
   assert [r["fault"] for r in remote if r["kind"] == "fault"] == ["corrupt", "quarantine", "crash", "rejoin"]
   merge = next(r for r in remote if r["kind"] == "merge")  # (its reports' bytes: int8 and scales, not fp32's 4 a value)
-  fp32 = 4 * sum(x.size for x in jax.tree.leaves(results["ray"].params))
+  fp32 = 4 * sum(x.size for x in jax.tree.leaves(result.params))
   assert 0 < merge["bytes_up"] < 0.3 * fp32 * merge["num_merged"], merge
-  jax.tree.map(np.testing.assert_array_equal, results["ray"].params, results["local"].params)
 
 
 @pytest.mark.slow  # ~30 s (the same machinery as the whole-Θ test above; its real-clock kill is in the suite)
 def test_streaming_fragments_cross_to_actors_bit_for_bit(cluster, tmp_path):
   # fragments=5 with one overlap step: each report a fragment's tensors, each delivery one fragment's Θ
   del cluster
-  schedule = "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan"
-  results = {}
-  for backend in ("ray", "local"):
-    config = _smoke(backend, schedule)
-    config.fragments, config.overlap_steps = 5, 1
-    results[backend] = modes.train(config, tmp_path / backend)[0]
-  remote = _records(tmp_path / "ray" / "decoupled")
-  assert len(remote) >= 40 and remote == _records(tmp_path / "local" / "decoupled")
+  remote, _ = _same_as_in_process(tmp_path, "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan",
+                                  fragments=5, overlap_steps=1)
+  assert len(remote) >= 40
   assert [r["fault"] for r in remote if r["kind"] == "fault"] == ["corrupt", "quarantine", "crash", "rejoin"]
-  jax.tree.map(np.testing.assert_array_equal, results["ray"].params, results["local"].params)
 
 
 @pytest.mark.parametrize("recovery", ["reconfigure", pytest.param("restart", marks=pytest.mark.slow)])
@@ -136,16 +139,10 @@ def test_learners_of_two_slices_in_actors_train_the_in_process_run_bit_for_bit(c
   # slice 1 crashes at t=25: it shrinks onto the other slice and grows back after the repair (or restarts), in its
   # actor as in process
   del cluster
-  results = {}
-  for backend in ("ray", "local"):
-    config = _smoke(backend, "crash:learner=1,time=25,slice=1,repair=10")
-    config.slices_per_learner, config.faults.learner_recovery, config.faults.reconfig_seconds = 2, recovery, 1.0
-    results[backend] = modes.train(config, tmp_path / backend)[0]
-  remote = _records(tmp_path / "ray" / "decoupled")
-  assert remote == _records(tmp_path / "local" / "decoupled")
+  remote, _ = _same_as_in_process(tmp_path, "crash:learner=1,time=25,slice=1,repair=10", slices_per_learner=2,
+                                  **{"faults.learner_recovery": recovery, "faults.reconfig_seconds": 1.0})
   faults = [r["fault"] for r in remote if r["kind"] == "fault"]
   assert faults == (["shrink", "expand"] if recovery == "reconfigure" else ["crash", "rejoin"]), faults
-  jax.tree.map(np.testing.assert_array_equal, results["ray"].params, results["local"].params)
 
 
 def test_a_learner_moved_to_a_spare_slice_trains_in_a_new_actor_the_in_process_run_bit_for_bit(cluster, tmp_path):

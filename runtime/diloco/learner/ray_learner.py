@@ -264,14 +264,20 @@ class RayLearner:
     failure = Failure(figures["slice_index"], detail, figures["live_tokens"] + book.unreported_tokens(),
                       book.unreported_busy)
     placed = bool(status)  # (on its slice until it fails there: its programs compile first)
-    self._actor.kill()  # (one only unavailable might come back, and a gang's others are lost with it: all ended)
-    self._actor = _Gang(self._ray, self._made, self.index, self._made[0] if placed else (), False)
-    theta = self._puts.newest() if placed else None
-    self._starting, self._lost = self._actor.call("revive", book.snapshot(), now, status, theta), None
+    self._new_actor(self._made[0] if placed else (), now, status, self._puts.newest() if placed else None)
+    self._lost = None
     if status:  # (the new actor books the same move; its answer is awaited at the next call)
       book.set_status(f"learner {self.index}", status, now)
       self._figures = dict(figures, slices=(), slice_index=-1, parts=(), live_tokens=0, has_theta=False)
     return failure
+
+  def _new_actor(self, slices: tuple[int, ...], now: float, status: str, theta: Theta | None) -> None:
+    """The learner's actor (all of a gang: one only unavailable might come back, and the others are lost with it)
+    ended, and a new one made on `slices` (or none) revived there from the book kept here: failed with `status`, or
+    kept (""), its programs compiled for `theta` first if given. Its answer is awaited at the next call."""
+    self._actor.kill()
+    self._actor = _Gang(self._ray, self._made, self.index, slices, False)
+    self._starting = self._actor.call("revive", self._book.snapshot(), now, status, theta)
 
   def arm(self, how: str, *args, **kwargs) -> None:
     """Arms (or disarms) a crash in the actor's injector. A lost process has no program to arm; a new one starting
@@ -390,10 +396,8 @@ class RayLearner:
     if isinstance(slices, int):
       slices, devices = (slices,), [devices]
     if not set(slices) <= set(self._made[0]):
-      self._actor.kill()
       self._made = (tuple(slices), sum(len(group) for group in devices), *self._made[2:])
-      self._actor = _Gang(self._ray, self._made, self.index, tuple(slices), False)
-      self._starting = self._actor.call("revive", self._book.snapshot(), now, "", self._puts.newest())
+      self._new_actor(tuple(slices), now, "", self._puts.newest())
 
   def warm_up(self, theta_host: PyTree, host_sharding: Any, where: tuple | None = None) -> None:
     del host_sharding  # (the actor's own host)
