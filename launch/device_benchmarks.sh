@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The accelerator checks, as one script (results: docs/results/accelerator.md and docs/results/scaling.md): run
 # from the repository root on a machine with one or more GPUs/TPUs. Writes at most 8 files to ${OUT:-/tmp/device_benchmarks}.
+#  0. a report's way up and Θ's way down, 400 MB each, by the copy route and the pinned one (GB/s, median of 5 after a
+#     warm-up; launch.bench_host_transfers), in about two minutes;
 #  1. the syncer stays on the host CPU while the accelerator is the default device (tests/unit/test_syncer.py);
 #  2. the scaling study's largest CPU size (medium, 1.28M parameters, 20 tokens per parameter), DP and M = 1, 2, 4,
 #     8 at seeds 0 and 1, the M learners sharing the accelerator(s) (share_devices), within QUALITY_SECONDS;
@@ -10,10 +12,12 @@
 #  4. the syncer's merge of 8 reports of a 100M-parameter model on the host CPU vs a NumPy copy;
 #  5. a profiled real-clock run: the device idle figures, each sync stage's host seconds, and a summary of the
 #     trace (busy share of every device stream, the longest named spans).
-# SIZE, BATCH, STEPS, MERGE_LEARNERS and QUALITY (the launch.scaling flags) shrink it for a dry run on CPU.
+# SIZE, BATCH, STEPS, MERGE_LEARNERS, TRANSFER_PARAMS and QUALITY (the launch.scaling flags) shrink it for a dry run
+# on CPU.
 set -uo pipefail
 out=${OUT:-/tmp/device_benchmarks}
 size=${SIZE:-100m} batch=${BATCH:-32} steps=${STEPS:-120} merge_learners=${MERGE_LEARNERS:-8}
+transfer_params=${TRANSFER_PARAMS:-100000000}
 quality=${QUALITY:---sizes=medium --batch_sizes=96 --dp_lrs=0.006 --learners=1,2,4,8 --outer_lrs=0.6 \
 --outer_momenta=0.6 --inner_lr_factors=1 --seeds=0,1 --parallel=5}
 work=$(mktemp -d)
@@ -21,6 +25,8 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda,cpu} XLA_PYTHON_CLIENT_PREALLOCATE=false
 learners=$(python3 -c "import jax; print(len(jax.devices()))")
 echo "accelerators: $learners; $(python3 -c 'import jax; print(jax.__version__, jax.devices())')" | tee "$out/checks.txt"
+time timeout 150 python3 -m launch.bench_host_transfers --params="$transfer_params" --repeats=5 2>&1 \
+  | grep -v "^[IW][0-9]" | tee "$out/host_transfers.txt"
 python3 -m pytest -q -p no:cacheprovider tests/unit/test_syncer.py 2>&1 | tail -3 | tee -a "$out/checks.txt"
 # 2. The quality study, stopped at QUALITY_SECONDS (each point that finished is kept; the table is built from them).
 echo "== scaling: $quality" | tee -a "$out/checks.txt"

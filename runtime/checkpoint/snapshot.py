@@ -46,6 +46,7 @@ class Packer:
     """A pytree of kind `kind` ("dict" or a key of the treedefs) as {"kind", "keys"}; its arrays go to `group`."""
     if tree is None:
       return None
+    tree = tree_transfer.host_view(tree)  # (a report staged in pinned host memory: its views)
     names = None
     if kind == "dict":  # a flat dict of arrays (a round's metrics)
       names = sorted(tree)

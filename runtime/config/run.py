@@ -38,11 +38,12 @@ OUTER_RULES = ("nesterov", "delayed_nesterov", "momentum_per_round")
 ROUND_LENGTHS = ("steps", "time")
 POSITIONS = ("rotary", "learned")
 DTYPES = ("float32", "bfloat16")
+HOST_TRANSFERS = ("auto", "pinned", "copy")  # reports and Θ to and from the host: tree_transfer.py, `route`
 # Fields that change nothing a run computes (its records and results): they are not part of a run's name, and a run
 # resumes whatever they are now.
 QUIET_FIELDS = ("progress", "tensorboard", "compile_cache", "backend", "ray.address", "ray.hang_seconds",
                 "ray.hang_factor", "ray.processes_per_learner", "checkpoint_every", "checkpoint_seconds",
-                "checkpoint_wall_seconds", "checkpoint_keep", "resume", "save_model_every")
+                "checkpoint_wall_seconds", "checkpoint_keep", "resume", "save_model_every", "host_transfers")
 # Fields a run resumes under whatever they are now: the quiet ones, and when it evaluates, what it logs and how many
 # batches its loader prepares ahead. Every other field changes the training, and a changed one is refused on resume.
 RESUMABLE_FIELDS = (*QUIET_FIELDS, "eval_every", "log_every", "data.prefetch")
@@ -189,6 +190,10 @@ class RunConfig:
   progress: bool = True
   tensorboard: bool = True
   compile_cache: str = "~/.cache/decoupled-diloco/xla"  # persistent XLA compilation cache; "" = off
+  # how reports and Θ cross between the learners' devices and the syncer's host: "pinned" (through the devices'
+  # pinned host memory, where they have it), "copy", or "auto" (pinned on accelerators, copy on CPU devices);
+  # runtime/train/tree_transfer.py, `route`; run.json says which one a run took
+  host_transfers: str = "auto"
   checkpoint_every: int = 0  # steps (dp) or merges (decoupled, diloco_sync) between checkpoints; 0 = none
   checkpoint_seconds: float = 0.0  # decoupled, diloco_sync: also checkpoint at a merge this long after the last
   # also checkpoint at a merge (dp: a step) this many wall seconds (the host's, whatever the run's clock) after the
@@ -418,6 +423,7 @@ def _validate(run: RunConfig) -> None:
   check(0 <= run.seed < 2**32, "seed", run.seed, "an integer in [0, 2**32)")
   check(run.num_devices >= 1, "num_devices", run.num_devices, "an integer >= 1")
   check(run.backend in BACKENDS, "backend", run.backend, f"one of {BACKENDS}")
+  check(run.host_transfers in HOST_TRANSFERS, "host_transfers", run.host_transfers, f"one of {HOST_TRANSFERS}")
   check(run.backend != "pathways" or importlib.util.find_spec("pathwaysutils") is not None, "backend", run.backend,
         "'local' unless pathwaysutils is installed (the `pathways` extra: pip install -e '.[pathways]')")
   check(run.learners >= 1, "learners", run.learners, "an integer >= 1")

@@ -25,6 +25,7 @@ from runtime.diloco.sync.messages import Report
 from runtime.diloco.sync.syncer import MergeResult, Syncer
 from runtime.errors import TrainingDiverged
 from runtime.network.links import Links
+from runtime.train import tree_transfer
 from runtime.train.optim import inner_lr
 
 IDLE, SCHEDULED, RUNNING = "idle", "scheduled", "running"
@@ -38,6 +39,7 @@ class MergeSchedule:
     self._run, self._clock, self._learners, self._syncer, self._links = run, clock, learners, syncer, links
     self._budget, self._log, self._slices = budget, log, slices
     self._lr = inner_lr(run.inner, run.total_steps)  # evaluated here: on the host CPU it queues behind the merge
+    self._pinned = tree_transfer.route(run.host_transfers) == "pinned"
     self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="syncer")
     self._worker.submit(syncer.compile_merges)  # every merge size, before the first merge needs one
     self.state = IDLE
@@ -94,9 +96,10 @@ class MergeSchedule:
     marks.append(time.perf_counter())
     placed = {}
     with annotate("syncer/theta_copy"):
+      theta = tree_transfer.Shared(result.params) if self._pinned else result.params  # (packed once for them all)
       for m in result.merged:
         land = landings.get(m)
-        laid_out = land(result.params) if land is not None else None
+        laid_out = land(theta) if land is not None else None
         if laid_out is not None:
           placed[m] = laid_out
     marks.append(time.perf_counter())

@@ -15,6 +15,7 @@ from runtime import run_lock
 from runtime.reporting import metrics
 from runtime.reporting import summary
 from runtime.config.run import RunConfig, from_config_dict, with_mode
+from runtime.train import tree_transfer
 from runtime.train.harness import Experiment, RunResult, finish
 from runtime.trained import saved
 
@@ -35,7 +36,7 @@ def train_one(run: RunConfig, exp: Experiment, workdir: str | os.PathLike | None
   resumable = run.checkpoints
   name, lock = provenance.claim(workdir, name, run, resumable=resumable)
   try:
-    provenance.write(run, pathlib.Path(workdir) / name, name)
+    provenance.write(run, pathlib.Path(workdir) / name, name, host_transfers=tree_transfer.route(run.host_transfers))
     result = _train_in(run, exp, workdir, name)
     saved.save(pathlib.Path(workdir) / name / saved.MODEL_DIR, run, result.params, run_name=name,
                tokens=result.tokens, eval_loss=result.final_eval_loss)

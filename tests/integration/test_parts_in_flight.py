@@ -120,7 +120,9 @@ def test_under_the_real_clock_slow_host_copies_never_idle_the_device(tiny_config
 
   def slow(tree, sharding):
     """A report's copy to the host or Θ's onto a learner's slice, wherever it is made, takes DELAY_S more."""
-    source = {d for x in jax.tree.leaves(tree) for d in x.sharding.device_set}
+    held = tree.tree if isinstance(tree, tree_transfer.Shared) else tree  # (Θ packed once; a report staged:)
+    held = held.flat if isinstance(held, tree_transfer.Staged) else held  # (on its device's pinned host memory)
+    source = {d for x in jax.tree.leaves(held) for d in x.sharding.device_set}
     target = set(jax.tree.leaves(sharding)[0].device_set)
     ends = source | target
     owner = next((l for l in learners.values() if l.slices and (ends - {host}) <= set(l.mesh.devices.flat)), None)

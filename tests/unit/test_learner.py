@@ -17,14 +17,27 @@ from runtime.diloco.learner.learner import Learner
 from runtime.diloco.learner.lifecycle import DOWN, TRAINING, WAITING
 from runtime.diloco.sync import messages
 from runtime.diloco.sync.messages import Delivery
+from runtime.train import tree_transfer
 from runtime.train.harness import Experiment
 from test_learner_book import KEYS_BEFORE_THE_BOOK
 
 
 @pytest.fixture
 def setup(tiny_config):
+  """A learner whose reports stay on its slice (the copy route: the merge worker copies them to the host)."""
+  yield from _setup(tiny_config, "copy")
+
+
+@pytest.fixture
+def pinned(tiny_config):
+  """A learner whose reports go to its device's pinned host memory as they are taken (an accelerator's default)."""
+  yield from _setup(tiny_config, "pinned")
+
+
+def _setup(tiny_config, host_transfers):
   tiny_config.learners = 1
   tiny_config.num_devices = 1
+  tiny_config.host_transfers = host_transfers
   run = modes.prepare(tiny_config)
   exp = Experiment(run)
   devices = jax.devices()[:1]
@@ -257,3 +270,29 @@ def test_a_learner_whose_slice_failed_keeps_no_state_so_the_final_checkpoint_nev
   learner.finish(9.0)  # the run ended while it was down
   saved = learner.snapshot(snapshot_lib.Packer((), treedefs, messages.CODECS))
   assert learner.state is None and saved["state"] is None
+
+
+@pytest.mark.parametrize("overlap_steps", [0, 1])
+def test_on_the_pinned_route_a_report_is_staged_as_it_is_taken_from_the_tensors_a_copy_route_report_holds(
+    pinned, monkeypatch, overlap_steps):
+  """τ = 0: staged from the state's own tensors; τ = 1: from the main part's own copy (no copy program either way,
+  and the part behind it may still donate the state)."""
+  from runtime.diloco.learner import report_capture  # pylint: disable=g-import-not-at-top
+  copies, staged, stage = [], [], tree_transfer.stage
+  monkeypatch.setattr(report_capture.tree_transfer, "fresh_copy", lambda t: copies.append(t) or t)
+  monkeypatch.setattr(report_capture.tree_transfer, "stage", lambda t: staged.append(t) or stage(t))
+  _, learner, _, _, _ = pinned
+  learner.run = dataclasses.replace(learner.run, overlap_steps=overlap_steps)
+  learner.dispatch("main", 2, 0.0, 2.0)
+  final = _on_device_copy(learner.state.params)
+  learner.capture_report()
+  assert len(staged) == 1  # as it is taken, before the part behind it is enqueued
+  if overlap_steps:
+    learner.dispatch("overlap", 1, 2.0, 1.0)  # donates the main part's state
+  learner.collect(2.0)
+  if overlap_steps:
+    learner.collect(3.0)
+  report = learner.report(3.0)
+  assert not copies and isinstance(report.params, tree_transfer.Staged)
+  assert report.params.flat.sharding.memory_kind == "pinned_host"
+  _trees_equal(tree_transfer.host_view(report.params), final)

@@ -65,7 +65,8 @@ class Learner:
     self._at_report: Any = None  # θ on the slice when the last report was taken (receive == "carry")
     self.uplink = Uplink(run.compression) if run.compression.up != "none" else None  # compressed reports
     self.downlink = Downlink(run.compression) if run.compression.down != "none" else None  # compressed Θ
-    self._capture = ReportCapture(self.uplink, run.fragments)  # the report taken before the part behind its part
+    self._capture = ReportCapture(  # the report taken before the part behind its part
+        self.uplink, run.fragments, stage=tree_transfer.route(run.host_transfers) == "pinned")
 
   # The book's figures that the controller reads (see LearnerBook), and where a joining learner's schedule stands
   status = property(lambda self: self.book.status)

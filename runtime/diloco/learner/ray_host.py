@@ -29,6 +29,7 @@ from runtime.diloco.learner.parts import RoundPart
 from runtime.diloco.sync import messages
 from runtime.diloco.sync.messages import Delivery, Report
 from runtime.faults import injection
+from runtime.train import tree_transfer
 
 PyTree = Any
 
@@ -58,7 +59,7 @@ class Theta:
 
 
 def host_tree(tree: PyTree) -> PyTree:
-  return None if tree is None else jax.tree.map(np.asarray, jax.device_get(tree))
+  return None if tree is None else jax.tree.map(np.asarray, jax.device_get(tree_transfer.host_view(tree)))
 
 
 def join_gang(rank: int, size: int, coordinator: str) -> None:

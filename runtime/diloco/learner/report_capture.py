@@ -2,7 +2,8 @@
 
 The part queued behind a report's part donates the state they share, so the report's tensors are taken first: a
 fresh copy on the slice (or quantized there), made by the main part itself where it can, or no copy at all when no
-part is queued behind it. Nothing waits: the merge worker copies them to the host.
+part is queued behind it. Nothing waits: the merge worker copies them to the host, or (the pinned route) their
+copy into the device's pinned host memory starts as they are taken and the merge worker reads it there.
 """
 
 from typing import Any
@@ -20,8 +21,9 @@ PyTree = Any
 class ReportCapture:
   """At most one report taken and not yet sent: its fault injection, its tensors or its quantized parts."""
 
-  def __init__(self, uplink: Uplink | None, fragments: int):
+  def __init__(self, uplink: Uplink | None, fragments: int, stage: bool = False):
     self._uplink = uplink
+    self._stage = stage  # its tensors' copy to the host started as they are taken (tree_transfer.stage)
     self.by_part = uplink is None and fragments == 1  # with overlap steps, a main part copies a whole report itself
     self._taken: tuple[str, PyTree, Any] | None = None  # (corruption, params, quantized parts or payload)
     self._held: tuple[Any, PyTree] | None = None  # (the state a main part ended in, its copy of their parameters)
@@ -42,7 +44,8 @@ class ReportCapture:
       clean = local
     elif parts is None:
       clean = held[1] if held is not None and held[0] is state else tree_transfer.fresh_copy(local)
-    self._taken = (corrupt, injection.corrupt(clean, corrupt) if corrupt and clean is not None else clean, parts)
+    sent = injection.corrupt(clean, corrupt) if corrupt and clean is not None else clean
+    self._taken = (corrupt, tree_transfer.stage(sent) if self._stage and sent is not None else sent, parts)
     return clean
 
   @property
@@ -50,7 +53,7 @@ class ReportCapture:
     return self._taken is not None
 
   def send(self) -> tuple[PyTree, Payload | None]:
-    """The report's tensors (on the slice) and its payload (waiting for the quantized parts); it is taken again
+    """The report's tensors (on the slice, or Staged in its pinned host memory) and its payload (waiting for the quantized parts); it is taken again
     next time."""
     (corrupt, params, parts), self._taken = self._taken, None
     return params, self._payload(parts, corrupt)
