@@ -54,7 +54,7 @@ def _tree(shapes: PyTree, sharding: SingleDeviceSharding, seed: int) -> PyTree:
 
 
 def run(config: HostTransferBenchConfig) -> dict[str, list[float]]:
-  """Times the four sides, interleaved so all see the same load; prints and returns their seconds."""
+  """Times the six sides, interleaved so all see the same load; prints and returns their seconds."""
   devices_lib.configure_simulated_devices(2)  # (on a CPU-only host: a learner's device apart from the host's)
   device, host = _learner_device(), devices_lib.host_device()
   on_device, on_host = SingleDeviceSharding(device), SingleDeviceSharding(host)

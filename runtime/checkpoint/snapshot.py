@@ -46,7 +46,7 @@ class Packer:
     """A pytree of kind `kind` ("dict" or a key of the treedefs) as {"kind", "keys"}; its arrays go to `group`."""
     if tree is None:
       return None
-    tree = tree_transfer.host_view(tree)  # (a report staged in pinned host memory: its views)
+    tree = tree_transfer.unstaged(tree)  # (a report staged in pinned host memory: fetched from its source)
     names = None
     if kind == "dict":  # a flat dict of arrays (a round's metrics)
       names = sorted(tree)

@@ -188,9 +188,9 @@ def differences(record: dict, run: RunConfig) -> tuple[list[str], list[str]]:
   return taken, refused
 
 
-def write(run: RunConfig, run_dir: str | os.PathLike, name: str, **found: Any) -> pathlib.Path:
-  """Writes `run_dir/run.json`: the run's name, seed, time model, full resolved config and environment (with what
-  the caller `found` about this process: the host-transfer route it takes)."""
+def write(run: RunConfig, run_dir: str | os.PathLike, name: str, host_transfers: str = "") -> pathlib.Path:
+  """Writes `run_dir/run.json`: the run's name, seed, time model, full resolved config and environment (with the
+  host-transfer route the controller's process takes, `host_transfers`, if given)."""
   path = pathlib.Path(run_dir) / RUN_JSON
   path.parent.mkdir(parents=True, exist_ok=True)
   digest, size = corpus.content_identity(run.data.path)
@@ -199,6 +199,7 @@ def write(run: RunConfig, run_dir: str | os.PathLike, name: str, **found: Any) -
                 config=_config_json(run), data_digest=digest, data_size=size, environment=environment())
   cpu = record["environment"]["backend"] == "cpu"
   record["environment"]["devices_used"] = run.num_devices if cpu else record["environment"]["device_count"]
-  record["environment"].update(found)
+  if host_transfers:
+    record["environment"]["host_transfers"] = host_transfers
   path.write_text(json.dumps(record, indent=2, allow_nan=True, default=str) + "\n")
   return path

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 PyTree = Any
@@ -28,11 +29,13 @@ ADOPT_BYTES = 64 * 1024
 def leafwise(tree: PyTree, sharding: PyTree) -> bool:
   """Whether `tree` goes to `sharding` faster leaf by leaf than packed: between devices of one platform, leaves
   averaging ADOPT_BYTES or more (XLA:CPU packs and unpacks at ~2 GB/s, a device_put copies at ~7 GB/s)."""
-  leaves = jax.tree.leaves(tree)
+  leaves, targets = jax.tree.leaves(tree), jax.tree.leaves(sharding)
   if not leaves or not isinstance(leaves[0], jax.Array) or sum(x.nbytes for x in leaves) < ADOPT_BYTES * len(leaves):
     return False
+  if len({frozenset(s.device_set) for s in targets}) != 1:  # (copy_to's leafwise branch: one target device set)
+    return False
   return len({d.platform for d in leaves[0].sharding.device_set} |  # (`packable`: the leaves share one device)
-             {d.platform for s in jax.tree.leaves(sharding) for d in s.device_set}) == 1
+             {d.platform for d in targets[0].device_set}) == 1
 
 
 def packable(tree: PyTree, sharding: PyTree) -> bool:
@@ -64,13 +67,20 @@ def _unpacker(shapes: tuple[tuple[int, ...], ...], shardings: tuple[jax.sharding
   return jax.jit(unpack, out_shardings=list(shardings))
 
 
-def send(tree: PyTree, sharding: PyTree) -> PyTree:
-  """`tree` copied onto `sharding` (one for all leaves, or a tree of them) through one packed buffer; see `packable`."""
+def send(tree: PyTree, sharding: PyTree, packed: np.ndarray | None = None) -> PyTree:
+  """`tree` copied onto `sharding` (one for all leaves, or a tree of them) through one packed buffer; see `packable`.
+  `packed`: its leaves already packed on the host (`Shared`), sent through the target's pinned host memory where the
+  target is not a CPU device."""
   leaves, treedef = jax.tree.flatten(tree)
   targets = jax.tree.leaves(sharding)
   targets = tuple(targets) if len(targets) == len(leaves) else (targets[0],) * len(leaves)
   one = targets[0]  # (the packed buffer is one vector: a sharding split along a tensor axis cannot hold it)
-  flat = jax.device_put(_pack(leaves), NamedSharding(one.mesh, P()) if isinstance(one, NamedSharding) else one)
+  one = NamedSharding(one.mesh, P()) if isinstance(one, NamedSharding) else one
+  if packed is None:
+    flat = jax.device_put(_pack(leaves), one)
+  else:
+    pinned = _pinned(one) if next(iter(one.device_set)).platform != "cpu" else None
+    flat = jax.device_put(packed if pinned is None else jax.device_put(packed, pinned), one)
   return jax.tree.unflatten(treedef, _unpacker(tuple(x.shape for x in leaves), targets)(flat))
 
 
@@ -91,7 +101,7 @@ def copy_to(tree: PyTree, sharding: jax.sharding.Sharding) -> PyTree:
   on one host device as views of its buffer, without a copy; a Shared one (Θ) goes from its buffer packed once.
   """
   if isinstance(tree, Shared):
-    return _send_shared(tree, sharding) if packable(tree.tree, sharding) else copy_to(tree.tree, sharding)
+    return send(tree.tree, sharding, tree.packed()) if packable(tree.tree, sharding) else copy_to(tree.tree, sharding)
   if isinstance(tree, Staged):
     single = len(jax.tree.leaves(sharding)[0].device_set) == 1
     return tree.land(jax.tree.leaves(sharding)[0]) if single else copy_to(tree.host(), sharding)
@@ -116,9 +126,10 @@ def copy_to(tree: PyTree, sharding: jax.sharding.Sharding) -> PyTree:
 
 @functools.lru_cache(maxsize=None)
 def route(asked: str) -> str:
-  """The route a run takes (asked: run.host_transfers): "pinned" where the learners' devices have pinned host memory
-  (asked "auto": and are not the host's CPU, whose own copies are faster: docs/accelerator.md) and a probe tree makes
-  the round trip through it intact; else "copy" (tree copies by `copy_to`)."""
+  """The route a process takes (asked: run.host_transfers), decided once per process (the controller's, and each Ray
+  actor's for its own devices): "pinned" where its devices have pinned host memory (asked "auto": and are not CPU
+  devices, whose own copies are faster: docs/accelerator.md) and a probe tree makes the round trip through it intact,
+  as on GPUs; else "copy" (tree copies by `copy_to`; TPUs too, which export no buffer to NumPy in place)."""
   device = jax.devices()[0]
   if asked == "copy" or (asked == "auto" and device.platform == "cpu"):
     return "copy"
@@ -129,8 +140,13 @@ def route(asked: str) -> str:
     host = jax.device_put(stage(probe).host(), jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0]))
     down = copy_to(Shared(host), jax.sharding.SingleDeviceSharding(jax.devices()[0]))
     intact = all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(probe), jax.tree.leaves(down)))
-  except Exception:  # pylint: disable=broad-except  # (any refusal of the platform's: the copy route serves)
+  except Exception as error:  # pylint: disable=broad-except  # (any refusal of the platform's: the copy route serves)
+    logging.warning("host_transfers=%s: the pinned route's probe failed on %s (%s); reports and Θ take the copy route",
+                    asked, device, error)
     return "copy"
+  if not intact:
+    logging.warning("host_transfers=%s: the pinned route's probe came back changed on %s; the copy route serves",
+                    asked, device)
   return "pinned" if intact else "copy"
 
 
@@ -151,7 +167,7 @@ def _layout(shapes: tuple[tuple[int, ...], ...], itemsize: int) -> tuple[tuple[i
   return tuple(offsets), max(end, 1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # (one per tree shape and device: bounded by the fragments times the slices)
 def _stager(shapes: tuple[tuple[int, ...], ...], dtype: Any, target: jax.sharding.Sharding) -> Any:
   """The jitted packing of leaves of `shapes` into one buffer laid out by `_layout`, written to `target`."""
   offsets, length = _layout(shapes, np.dtype(dtype).itemsize)
@@ -166,7 +182,7 @@ def _stager(shapes: tuple[tuple[int, ...], ...], dtype: Any, target: jax.shardin
   return jax.jit(pack, out_shardings=target)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # (one per tree shape and host device)
 def _unstager(shapes: tuple[tuple[int, ...], ...], sharding: jax.sharding.Sharding) -> Any:
   """The jitted inverse of `_stager`'s packing, on `sharding`."""
 
@@ -185,6 +201,7 @@ class Staged:
   flat: jax.Array
   treedef: Any
   shapes: tuple[tuple[int, ...], ...]
+  source: PyTree  # the tree on its device: what a checkpoint fetches, on its own thread (reading `flat` would wait)
 
   def host(self) -> PyTree:
     """The tree as NumPy views of the one buffer (read-only; no copy: they keep the buffer alive)."""
@@ -212,36 +229,36 @@ def stage(tree: PyTree) -> PyTree:
   if target is None:
     return tree
   shapes = tuple(tuple(x.shape) for x in leaves)
-  return Staged(_stager(shapes, leaves[0].dtype, target)(leaves), treedef, shapes)
+  return Staged(_stager(shapes, leaves[0].dtype, target)(leaves), treedef, shapes, tree)
 
 
 def host_view(tree: PyTree) -> PyTree:
-  """A tree as its leaves can be read on the host: a Staged one as NumPy views of its buffer, any other as it is."""
+  """A tree as its leaves can be read on the host: a Staged one as NumPy views of its buffer (once its copy is
+  done), any other as it is."""
   return tree.host() if isinstance(tree, Staged) else tree
+
+
+def unstaged(tree: PyTree) -> PyTree:
+  """A Staged tree's source on its device (nothing waits), any other as it is."""
+  return tree.source if isinstance(tree, Staged) else tree
+
+
+def _pack_on_host(leaves: list[Any]) -> np.ndarray:
+  """Leaves on the host CPU packed into one NumPy buffer: one host pass, about twice as fast as XLA:CPU's
+  concatenation (the leaves are read in place)."""
+  return np.concatenate([np.asarray(x).reshape(-1) for x in leaves])
 
 
 @dataclasses.dataclass(eq=False)
 class Shared:
-  """A host tree sent to several devices (Θ to every learner a merge answers): packed once, on the first send, by
-  NumPy (one host pass, about twice as fast as XLA:CPU's concatenation)."""
+  """A host tree sent to several devices (Θ to every learner a merge answers), packed once. Used by one thread (the
+  merge worker's): `packed` is not guarded."""
 
   tree: PyTree
-  _flat: np.ndarray | None = None
+  _flat: np.ndarray | None = dataclasses.field(default=None, init=False, repr=False)
 
   def packed(self) -> np.ndarray:
+    """The tree's leaves in one host buffer: packed by the first send, shared by the others."""
     if self._flat is None:
-      self._flat = np.concatenate([np.asarray(x).reshape(-1) for x in jax.tree.leaves(self.tree)])
+      self._flat = _pack_on_host(jax.tree.leaves(self.tree))
     return self._flat
-
-
-def _send_shared(shared: Shared, sharding: PyTree) -> PyTree:
-  """Shared's tree laid out on `sharding` (one device) from its one packed buffer: one transfer (by the device's
-  pinned host memory where the device is not the host's), unpacked there."""
-  leaves, treedef = jax.tree.flatten(shared.tree)
-  targets = jax.tree.leaves(sharding)
-  targets = tuple(targets) if len(targets) == len(leaves) else (targets[0],) * len(leaves)
-  one = targets[0]
-  one = NamedSharding(one.mesh, P()) if isinstance(one, NamedSharding) else one
-  pinned = _pinned(one) if next(iter(one.device_set)).platform != "cpu" else None
-  flat = jax.device_put(shared.packed() if pinned is None else jax.device_put(shared.packed(), pinned), one)
-  return jax.tree.unflatten(treedef, _unpacker(tuple(x.shape for x in leaves), targets)(flat))

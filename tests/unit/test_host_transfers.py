@@ -28,8 +28,8 @@ def _equal(a, b):
 @pytest.fixture
 def counted(monkeypatch):
   """Every jax.device_put (anyone's: the module is jax's) and packing program tree_transfer makes, counted."""
-  calls = {"device_put": [], "pack": 0}
-  put, pack = jax.device_put, tree_transfer._pack
+  calls = {"device_put": [], "pack": 0, "host_pack": 0}
+  put, pack, host_pack = jax.device_put, tree_transfer._pack, tree_transfer._pack_on_host
 
   def counting_put(x, *args, **kwargs):
     calls["device_put"].append(len(jax.tree.leaves(x)))
@@ -39,8 +39,13 @@ def counted(monkeypatch):
     calls["pack"] += 1
     return pack(leaves)
 
+  def counting_host_pack(leaves):
+    calls["host_pack"] += 1
+    return host_pack(leaves)
+
   monkeypatch.setattr(tree_transfer.jax, "device_put", counting_put)
   monkeypatch.setattr(tree_transfer, "_pack", counting_pack)
+  monkeypatch.setattr(tree_transfer, "_pack_on_host", counting_host_pack)
   return calls
 
 
@@ -59,8 +64,7 @@ def _big(device):
 
 
 @pytest.mark.parametrize("make, adopted", [(_big, True), (_tree, False)], ids=["large_leaves", "small_leaves"])
-def test_a_report_is_one_transfer_into_its_devices_pinned_host_memory_and_lands_with_no_host_copy(
-    counted, make, adopted):
+def test_a_report_is_one_transfer_into_its_devices_pinned_host_memory_and_lands_in_one_call(counted, make, adopted):
   """Large leaves are adopted in place; small ones (adopting each costs more than copying it) are unpacked by one
   program from the buffer adopted whole."""
   learner, host = jax.devices()[1], SingleDeviceSharding(jax.devices()[0])
@@ -70,6 +74,7 @@ def test_a_report_is_one_transfer_into_its_devices_pinned_host_memory_and_lands_
   assert isinstance(staged, tree_transfer.Staged)
   assert staged.flat.sharding.memory_kind == "pinned_host" and staged.flat.sharding.device_set == {learner}
   assert counted["device_put"] == []  # one program writes the packed leaves there: no transfer per leaf
+  assert tree_transfer.unstaged(staged) is tree  # (what a checkpoint fetches: nothing waits for the transfer)
   landed = tree_transfer.copy_to(staged, host)
   leaves = jax.tree.leaves(tree)
   assert counted["device_put"] == [len(leaves) if adopted else 1]  # one call: the leaves' views, or the buffer
@@ -79,6 +84,18 @@ def test_a_report_is_one_transfer_into_its_devices_pinned_host_memory_and_lands_
     assert x.sharding.device_set == set(host.device_set)
     assert np.shares_memory(np.asarray(x), whole) == adopted  # no host copy between the transfer and the merge
     assert not adopted or x.unsafe_buffer_pointer() % tree_transfer.ALIGN_BYTES == 0
+
+
+@pytest.mark.parametrize("fault", ["raises", "changes_the_bits"])
+def test_where_the_pinned_routes_probe_fails_the_copy_route_serves(monkeypatch, fault):
+  if fault == "raises":
+    monkeypatch.setattr(tree_transfer, "stage", lambda tree: 1 / 0)
+  else:
+    send = tree_transfer.send
+    monkeypatch.setattr(tree_transfer, "send", lambda *args: jax.tree.map(lambda x: x + 1, send(*args)))
+  assert tree_transfer.route.__wrapped__("pinned") == "copy"
+  monkeypatch.undo()
+  assert tree_transfer.route.__wrapped__("pinned") == "pinned"
 
 
 def test_a_tree_the_route_cannot_stage_stays_as_it_is():
@@ -94,10 +111,8 @@ def test_theta_is_packed_once_per_merge_and_sent_as_one_transfer_to_each_learner
   counted["device_put"].clear()
   shared = tree_transfer.Shared(theta)
   learners = [SingleDeviceSharding(d) for d in jax.devices()[1:4]]
-  laid_out = [tree_transfer.copy_to(shared, learners[0])]
-  flat = shared.packed()  # (packed by the first send)
-  laid_out += [tree_transfer.copy_to(shared, s) for s in learners[1:]]
-  assert shared.packed() is flat and counted["pack"] == 0  # the one buffer, packed on the host, sent to all three
+  laid_out = [tree_transfer.copy_to(shared, s) for s in learners]
+  assert counted["host_pack"] == 1 and counted["pack"] == 0  # one buffer, packed on the host, sent to all three
   assert counted["device_put"] == [1, 1, 1]  # the packed buffer, once per learner
   for tree, s in zip(laid_out, learners):
     _equal(tree, theta)
@@ -111,7 +126,7 @@ def test_large_leaves_between_devices_of_one_platform_are_copied_one_by_one_not_
   tree = _big(jax.devices()[source])
   counted["device_put"].clear()
   copied = tree_transfer.copy_to(tree, SingleDeviceSharding(jax.devices()[0]))
-  assert counted == {"device_put": [2], "pack": 0}  # one call, each leaf one copy
+  assert counted == {"device_put": [2], "pack": 0, "host_pack": 0}  # one call, each leaf one copy
   _equal(copied, tree)
   for x, y in zip(jax.tree.leaves(copied), jax.tree.leaves(tree)):
     assert x.sharding.device_set == {jax.devices()[0]} and not np.shares_memory(np.asarray(x), np.asarray(y))

@@ -285,8 +285,13 @@ def test_on_the_pinned_route_a_report_is_staged_as_it_is_taken_from_the_tensors_
   learner.run = dataclasses.replace(learner.run, overlap_steps=overlap_steps)
   learner.dispatch("main", 2, 0.0, 2.0)
   final = _on_device_copy(learner.state.params)
+  before = jax.tree.leaves(learner.state.params)
   learner.capture_report()
   assert len(staged) == 1  # as it is taken, before the part behind it is enqueued
+  if overlap_steps:  # the main part's own copy (kept for the overlap's carry too)
+    assert staged[0] is learner._at_report and not set(map(id, jax.tree.leaves(staged[0]))) & set(map(id, before))
+  else:  # the state's own tensors (nothing donates them before Θ replaces them)
+    assert all(a is b for a, b in zip(jax.tree.leaves(staged[0]), before))
   if overlap_steps:
     learner.dispatch("overlap", 1, 2.0, 1.0)  # donates the main part's state
   learner.collect(2.0)
@@ -296,3 +301,29 @@ def test_on_the_pinned_route_a_report_is_staged_as_it_is_taken_from_the_tensors_
   assert not copies and isinstance(report.params, tree_transfer.Staged)
   assert report.params.flat.sharding.memory_kind == "pinned_host"
   _trees_equal(tree_transfer.host_view(report.params), final)
+
+
+def test_on_the_pinned_route_a_staged_report_taken_or_in_transit_is_checkpointed_from_its_source(pinned, monkeypatch):
+  """A checkpoint saves a staged report from the tensors it was staged from (on the controller's thread nothing
+  waits for the transfer) and restores it as they were."""
+  waited = []
+  monkeypatch.setattr(tree_transfer.Staged, "host", lambda self: waited.append(self) or 1 / 0)
+  run, learner, host, theta, devices = pinned
+  learner.run = dataclasses.replace(learner.run, overlap_steps=1)
+  _part(learner, "main", 2, 0.0)
+  learner.capture_report()  # taken and staged, not sent
+  treedefs = dict(params=jax.tree.structure(theta), train=jax.tree.structure(learner.state))
+  packer = snapshot_lib.Packer((), treedefs, messages.CODECS)
+  saved = json.loads(json.dumps(learner.snapshot(packer)))
+  report = learner.report(2.0)
+  in_transit = json.loads(json.dumps(packer.value(report)))
+  assert not waited
+  monkeypatch.undo()
+  unpacker = snapshot_lib.Unpacker(*snapshot_lib.fetch(packer.groups), (), treedefs, host, messages.CODECS)
+  _trees_equal(unpacker.value(in_transit).params, tree_transfer.host_view(report.params))
+  fresh = Learner(0, 0, devices, run, Experiment(run).shard(0, 1, run.data.batch_size))
+  try:
+    fresh.restore(saved, unpacker, theta)
+    _trees_equal(tree_transfer.host_view(fresh.report(2.0).params), tree_transfer.host_view(report.params))
+  finally:
+    fresh.close()

@@ -53,8 +53,8 @@ class ReportCapture:
     return self._taken is not None
 
   def send(self) -> tuple[PyTree, Payload | None]:
-    """The report's tensors (on the slice, or Staged in its pinned host memory) and its payload (waiting for the quantized parts); it is taken again
-    next time."""
+    """The report's tensors (on the slice, or Staged in its device's pinned host memory) and its payload (waiting
+    for the quantized parts); it is taken again next time."""
     (corrupt, params, parts), self._taken = self._taken, None
     return params, self._payload(parts, corrupt)
 
