@@ -182,11 +182,13 @@ def test_a_learner_on_a_spare_slice_resumes_in_an_actor_made_for_it_bit_identica
 def test_the_driver_killed_and_rerun_resumes_with_new_actors_bit_identical(cluster, tmp_path, monkeypatch, processes):
   # Killed as it is about to save the checkpoints of merges 2 and 4, so it resumes from those of merges 1 (before the
   # crash at t=25) and 3 (learner 1 down, its state lost): each rerun restores every learner into new actors (a
-  # gang's members each lay out their share of the arrays they are sent).
+  # gang's members each lay out their share of the arrays they are sent). The reference is the run in process (the
+  # tests above: the same bits), which saves a third cluster run.
   del cluster
-  config = _smoke("ray", "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan", processes=processes)
-  config.checkpoint_every = 1
-  result = assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills=(2, 4))
+  schedule = "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan"
+  config, local = _smoke("ray", schedule, processes=processes), _smoke("local", schedule)
+  config.checkpoint_every = local.checkpoint_every = 1
+  result = assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills=(2, 4), reference_config=local)
   assert result.extras["faults"] == 2  # (the crash and the corrupt report; their rejoin and quarantine follow)
 
 

@@ -65,10 +65,11 @@ def _kill_at(monkeypatch, merges: int) -> None:
   monkeypatch.setattr(durability_lib.Durability, "save", dying)
 
 
-def assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills):
-  """Trains `config` once, and once killed before the checkpoint of each merge in `kills` and resumed each time:
-  the same records and Θ; returns the resumed run's result."""
-  reference = modes.train(config, tmp_path / "reference")[0]
+def assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills, reference_config=None):
+  """Trains `config` once (or `reference_config`, one known to train the same bits), and once killed before the
+  checkpoint of each merge in `kills` and resumed each time: the same records and Θ; returns the resumed run's
+  result."""
+  reference = modes.train(reference_config or config, tmp_path / "reference")[0]
   for merge in kills:
     with monkeypatch.context() as patch:
       _kill_at(patch, merge)

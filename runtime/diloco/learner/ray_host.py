@@ -79,6 +79,9 @@ class LearnerHost:
                stream: Any, absent: bool, gang: tuple[int, int, str] = (0, 1, "")):
     if gang[1] > 1:
       join_gang(*gang)
+    # Its programs from the run's compilation cache: an actor that replaces a lost one loads what the first compiled
+    # (their XLA_FLAGS, and so the cache's keys, are the same; a process of another device count keys apart)
+    devices_lib.configure_compilation_cache(run.compile_cache)
     f = run.faults
     self._injector = injection.Injector(run.learners + run.lent_slices, f.schedule) if injection.injects(run) else None
     # The actor's programs check its own injector for as long as the actor lives (its process trains no other run):
