@@ -341,7 +341,7 @@ class Syncer:
   def land(self, params: PyTree) -> PyTree:
     """A report's tensors copied where the syncer merges them (each on its shard's host CPU)."""
     if self.shards.num == 1:
-      return tree_transfer.copy_to(params, self.shards.shardings[0])  # (a staged report: views, no copy)
+      return tree_transfer.copy_to(params, self.shards.shardings[0])  # (a staged report: read where it was staged)
     # Copied on each shard: device_put onto a device the learner's slice also uses may share its buffer, which the
     # learner's next round donates (tree_transfer.copy_to).
     return jax.tree.map(jnp.copy, self.shards.place(tree_transfer.host_view(params)))
