@@ -397,8 +397,6 @@ def _validate_ray(run: RunConfig) -> None:
   check(run.mode in ("decoupled", "diloco_sync"), "mode", run.mode, f"'decoupled' or 'diloco_sync' {why}")
   check(run.slices_per_learner == 1 or run.slices in (0, run.learners * run.slices_per_learner), "slices", run.slices,
         f"0 (no spare slices) with slices_per_learner {run.slices_per_learner} {why}")
-  check(not run.capacity.schedule, "capacity.schedule", run.capacity.schedule, f"'' (no lent slices) {why}")
-  check(run.data.assignment == "shards", "data.assignment", run.data.assignment, f"'shards' {why}")
   gang = run.ray.processes_per_learner
   check(gang >= 1 and run.num_devices % (run.learners * gang) == 0, "ray.processes_per_learner", gang,
         f"an integer >= 1 that splits each learner's slice evenly (num_devices {run.num_devices} / learners "

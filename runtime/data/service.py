@@ -63,6 +63,12 @@ class DataService:
     with self._lock:
       self.frontier, self._returned = saved["frontier"], collections.deque(saved["returned"])
 
+  def __getstate__(self) -> dict:  # (a copy serves windows only: see Grants)
+    return dict(self.__dict__, _lock=None)
+
+  def __setstate__(self, state: dict) -> None:
+    self.__dict__.update(state, _lock=threading.Lock())
+
   def _permutation(self, epoch: int) -> np.ndarray:
     with self._lock:
       if epoch not in self._permutations:
@@ -70,6 +76,35 @@ class DataService:
           del self._permutations[min(self._permutations)]
         self._permutations[epoch] = np.random.default_rng([self.seed, 104729, epoch]).permutation(len(self._windows))
       return self._permutations[epoch]
+
+
+class Grants:
+  """The service as a learner in another process sees it (backend "ray"): its windows, from a copy of the service's
+  stream, and its leases, granted by the controller's service with each call that needs them. The controller leases
+  exactly what the learner's stream will ask for (LeasedStream.lease_through, run on both sides), so a run leases the
+  same serials as in process; a lease that is not the grant is a defect, raised."""
+
+  def __init__(self, service: DataService):
+    self._service = service  # (a copy in the learner's process: never leased from there)
+    self.seq_len, self.seed = service.seq_len, service.seed
+    self._granted = np.zeros(0, np.int64)
+
+  def grant(self, serials: np.ndarray) -> None:
+    """The serials the controller leased for the next `lease`."""
+    self._granted = np.concatenate([self._granted, np.asarray(serials, np.int64)])
+
+  def lease(self, count: int) -> np.ndarray:
+    granted, self._granted = self._granted, np.zeros(0, np.int64)
+    if len(granted) != count:
+      raise DataError(f"a lease of {count} serials where the controller granted {len(granted)}: the learner's "
+                      "stream and the controller's copy of it disagree")
+    return granted
+
+  def give_back(self, serials: np.ndarray) -> None:
+    del serials  # (the controller gives its copy's back: LeasedStream.give_back_from, on both sides)
+
+  def windows(self, serials: np.ndarray) -> np.ndarray:
+    return self._service.windows(serials)
 
 
 class LeasedStream(data_lib.BatchStream):
@@ -94,13 +129,33 @@ class LeasedStream(data_lib.BatchStream):
     """Batches leased so far (positions [0, leased) can be served)."""
     return len(self._leases) // self._batch_size
 
-  def lease_through(self, batches: int) -> None:
-    """Leases serials until positions [0, batches) can be served (on the controller's thread)."""
+  def lease_through(self, batches: int) -> np.ndarray:
+    """Leases serials until positions [0, batches) can be served (on the controller's thread); those it leased."""
     missing = batches * self._batch_size - len(self._leases)
-    if missing > 0:
-      with self._ready:
-        self._leases = np.concatenate([self._leases, self._service.lease(missing)])
-        self._ready.notify_all()
+    if missing <= 0:
+      return np.zeros(0, np.int64)
+    with self._ready:
+      fresh = self._service.lease(missing)
+      self._leases = np.concatenate([self._leases, fresh])
+      self._ready.notify_all()
+    return fresh
+
+  def remote(self) -> "LeasedStream":
+    """This stream as a learner in another process holds it: its leases, granted by this one's service (Grants)."""
+    stream = LeasedStream(Grants(self._service), batch_size=self._batch_size, learner=self._learner)
+    stream.restore_leases(self.snapshot())
+    return stream
+
+  @property
+  def grants(self) -> Grants | None:
+    """Where a stream in another process takes its leases from (None: this process's service)."""
+    return self._service if isinstance(self._service, Grants) else None
+
+  def __getstate__(self) -> dict:
+    return dict(self.__dict__, _ready=None)
+
+  def __setstate__(self, state: dict) -> None:
+    self.__dict__.update(state, _ready=threading.Condition())
 
   def give_back_from(self, position: int) -> None:
     """Gives back the serials of positions >= `position` to the service (the learner never trains them)."""

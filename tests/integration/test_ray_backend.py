@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from configs import smoke
+from invariants import assert_data_accounted
 from runtime.diloco.controller import Controller
 from runtime.errors import ConfigError
 from runtime.experiments import modes
@@ -166,6 +167,38 @@ def test_a_learner_moved_to_a_spare_slice_trains_in_a_new_actor_the_in_process_r
   jax.tree.map(np.testing.assert_array_equal, results["ray"].params, results["local"].params)
 
 
+SERVICE = {"data.assignment": "service"}
+LENDS = {**SERVICE, "num_devices": 8, "capacity.schedule": "lend:slices=1,time=10,duration=40;random:slices=1,gap=15,"
+         "duration=15"}  # two slices lent at most (2 devices each): learners 2 and 3 join, leave and join again
+
+
+def test_learners_in_actors_lease_the_data_services_windows_as_in_process(cluster, tmp_path):
+  # data.assignment="service": the controller leases each part's serials and sends them with its dispatch; the
+  # actor's stream takes exactly those (runtime/data/service.py: Grants). Through a crash (learner 1 rewinds onto
+  # its own leases) and a quarantined report, the run is the in-process one, and every window is accounted for.
+  del cluster
+  remote, result = _same_as_in_process(tmp_path, "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan",
+                                       **SERVICE)
+  assert [r["fault"] for r in remote if r["kind"] == "fault"] == ["corrupt", "quarantine", "crash", "rejoin"]
+  assert_data_accounted(result, seq_len=64)
+  assert len(result.details["merged_serials"]) == result.tokens // 64  # (the smoke config's seq_len)
+
+
+@pytest.mark.slow  # ~60 s
+def test_learners_on_lent_slices_join_and_leave_in_actors_as_in_process(cluster, tmp_path):
+  # A fixed lend and a random trace's: each lent slice's learner starts in an actor made for that slice, from Θ,
+  # leases from the service, leaves (its unreported leases given back) and joins again; a lent learner crashes and
+  # another's report is quarantined. Records and Θ are the in-process run's; every window accounted for.
+  del cluster
+  remote, result = _same_as_in_process(tmp_path, "crash:learner=2,time=25,repair=5;corrupt:learner=3,time=30,how=nan",
+                                       **LENDS)
+  faults = [(r["fault"], r["learner"]) for r in remote if r["kind"] == "fault"]
+  assert faults.count(("join", 2)) == 2 and ("join", 3) in faults and ("crash", 2) in faults, faults
+  assert {("leave", 2), ("leave", 3), ("quarantine", 3)} <= set(faults), faults
+  assert {m for r in remote if r["kind"] == "merge" for m in r["merged"]} == {0, 1, 2, 3}
+  assert_data_accounted(result, seq_len=64)
+
+
 @pytest.mark.slow  # ~70 s
 def test_a_learner_on_a_spare_slice_resumes_in_an_actor_made_for_it_bit_identical(cluster, tmp_path, monkeypatch):
   # killed before the checkpoints of merges 4 and 5 (learner 1 on spare slice 2 since t=30): each rerun restores
@@ -190,6 +223,20 @@ def test_the_driver_killed_and_rerun_resumes_with_new_actors_bit_identical(clust
   config.checkpoint_every = local.checkpoint_every = 1
   result = assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills=(2, 4), reference_config=local)
   assert result.extras["faults"] == 2  # (the crash and the corrupt report; their rejoin and quarantine follow)
+
+
+@pytest.mark.slow  # ~125 s
+def test_the_driver_killed_while_slices_are_lent_resumes_with_new_actors_bit_identical(cluster, tmp_path, monkeypatch):
+  # Killed before the checkpoints of merges 3 and 6 (slices lent; leases held by lent learners and given back): each
+  # rerun restores the service and every learner's leases, on the controller and in new actors
+  del cluster
+  schedule = "crash:learner=2,time=25,repair=5;corrupt:learner=3,time=30,how=nan"
+  config, local = _smoke("ray", schedule), _smoke("local", schedule)
+  for c in (config, local):
+    c.checkpoint_every, c.num_devices = 1, LENDS["num_devices"]
+    c.data.assignment, c.capacity.schedule = "service", LENDS["capacity.schedule"]
+  result = assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills=(3, 6), reference_config=local)
+  assert_data_accounted(result, seq_len=64)
 
 
 
@@ -255,9 +302,7 @@ def test_a_run_joins_a_running_cluster_at_its_address_and_leaves_it_running(tmp_
 
 
 @pytest.mark.parametrize("field, value, allowed", [
-    ("data.assignment", "service", "'shards' with backend 'ray'"),
     ("ray.address", "auto", "'' unless backend is 'ray'"),
-    ("capacity.schedule", "lend:slices=1,time=10,duration=20", "'' (no lent slices) with backend 'ray'"),
     ("ray.hang_seconds", 0.0, "a number of seconds > 0"),
     ("ray.processes_per_learner", 3, "an integer >= 1 that splits each learner's slice evenly"),
 ])

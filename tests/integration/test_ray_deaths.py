@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from invariants import assert_data_accounted
 from runtime.diloco.controller import Controller
 from runtime.experiments import modes
 from runtime.train.harness import Experiment
@@ -36,13 +37,13 @@ def test_under_the_real_clock_learners_in_actors_train_to_the_budget_through_a_c
 
 def _killed_run(tmp_path, schedule: str, kill_at_step: int | None = None, hang_seconds: float = 120.0,
                 processes: int = 1, member: int = 0, how: signal.Signals = signal.SIGKILL, hang_factor: float = 10.0,
-                fragments: int = 1, slices_per_learner: int = 1):
+                fragments: int = 1, slices_per_learner: int = 1, assignment: str = "shards"):
   """A real-clock run whose learner 1 loses a process: by the injector (`schedule`), or its gang's `member` sent
   `how` (SIGKILL; SIGSTOP: it neither answers nor dies) from outside once it has trained `kill_at_step` inner steps.
   Its controller, result, records and learner 1's first process ids."""
   config = _smoke("ray", schedule, processes=processes)
   config.clock.kind, config.ray.hang_seconds, config.ray.hang_factor = "real", hang_seconds, hang_factor
-  config.fragments, config.slices_per_learner = fragments, slices_per_learner
+  config.fragments, config.slices_per_learner, config.data.assignment = fragments, slices_per_learner, assignment
   if kill_at_step is not None:
     config.faults.repair_seconds = 0.5  # (the injector's crash gives its own)
   run = modes.prepare(config)
@@ -74,6 +75,8 @@ def _assert_replaced(controller, result, records, first, run, why: str = "proces
   for m in range(2):  # ... and no batch of a learner's data twice
     ranges = sorted((a, b) for who, a, b in controller.log.merged_ranges if who == m)
     assert all(b <= a for (_, b), (a, _) in zip(ranges, ranges[1:])), ranges
+  if run.data.assignment == "service":  # (its new actor took the leases the controller holds for it)
+    assert_data_accounted(result, seq_len=run.data.seq_len)
   assert result.final_eval_loss < 4.0
 
 
@@ -85,11 +88,14 @@ def test_a_learner_whose_process_the_injector_kills_mid_round_rejoins_on_a_new_a
   _assert_replaced(*_killed_run(tmp_path, "crash:learner=1,step=24,ends=process,repair=0.5", processes=processes))
 
 
-@pytest.mark.parametrize("fragments", [1, 2])
-def test_a_learner_whose_process_is_killed_from_outside_rejoins_on_a_new_actor(cluster, tmp_path, fragments):
-  # (with fragments its new actor compiles for Θ whole, not for the last fragment's tensors put for a delivery)
+@pytest.mark.parametrize("fragments, assignment", [(1, "shards"), (2, "shards"), (1, "service")],
+                         ids=["shards", "fragments", "service"])
+def test_a_learner_whose_process_is_killed_from_outside_rejoins_on_a_new_actor(cluster, tmp_path, fragments,
+                                                                               assignment):
+  # (with fragments its new actor compiles for Θ whole, not for the last fragment's tensors put for a delivery; with
+  # the data service it starts from the leases the controller kept for it, and rewinds onto them)
   del cluster
-  _assert_replaced(*_killed_run(tmp_path, "", kill_at_step=20, fragments=fragments))
+  _assert_replaced(*_killed_run(tmp_path, "", kill_at_step=20, fragments=fragments, assignment=assignment))
 
 
 def test_a_learner_whose_process_is_killed_before_the_run_starts_rejoins_on_a_new_actor(cluster, tmp_path):

@@ -1,5 +1,6 @@
 """The data service: disjoint leases of one global stream, given-back windows served first, resumable."""
 
+import pickle
 import threading
 
 import numpy as np
@@ -130,3 +131,29 @@ def test_a_stager_waiting_for_batches_never_leased_is_interrupted_when_they_are_
   again = stager.take(1, sharding)
   np.testing.assert_array_equal(np.asarray(again.batches_HxBxT)[0], service.windows(stream.serials(2, 3)))
   stager.close()
+
+
+def test_a_stream_in_another_process_takes_exactly_the_leases_its_controller_granted():
+  # backend "ray": the controller's stream leases from the service, the learner's copy (pickled to its process) takes
+  # the same serials from the grant and serves the same windows; given-back leases leave the service from the
+  # controller's copy only
+  service = DataService(_tokens(), seq_len=SEQ, seed=5)
+  other = LeasedStream(service, batch_size=2, learner=1)
+  other.lease_through(1)  # (someone else's lease first: the service's frontier is not 0)
+  here = LeasedStream(service, batch_size=2, learner=0)
+  here.lease_through(1)
+  there = pickle.loads(pickle.dumps(here.remote()))
+  assert there.snapshot() == here.snapshot() and there.grants is not None and here.grants is None
+  granted = here.lease_through(3)
+  np.testing.assert_array_equal(granted, [4, 5, 6, 7])
+  there.grants.grant(granted)
+  np.testing.assert_array_equal(there.lease_through(3), granted)
+  for position in range(3):
+    np.testing.assert_array_equal(there.batch_at(position), here.batch_at(position))
+  there.give_back_from(1)
+  assert service.returned == []  # (the copy's give-back is the controller's to make)
+  here.give_back_from(1)
+  assert service.returned == [4, 5, 6, 7] and there.snapshot() == here.snapshot() == [2, 3]
+  with pytest.raises(DataError, match="a lease of 4 serials where the controller granted 2"):
+    there.grants.grant(np.array([2, 3]))
+    there.lease_through(3)

@@ -170,12 +170,9 @@ class Learner:
     A part of a length no program was compiled for runs as several (round_plan.chunks). `ahead`: the steps of the
     part to stage next, if the caller plans them (else the round plan's, from the part's kind).
     """
-    if self.injector is not None:
-      self.injector.check_program(self.index, now)
-    if ahead is None:  # the part it stages next
-      ahead = round_plan.staged_after(self.run, kind, self.has_theta())
-    if self.leased is not None:  # this part, the one staged after it, and what the prefetcher reads ahead
-      self.leased.lease_through(self._data.position["position"] + steps + ahead + self.run.data.prefetch + 2)
+    ahead, through = self.data_through(kind, steps, now, ahead)
+    if self.leased is not None:
+      self.leased.lease_through(through)
     staged = self._data.take(round_plan.chunks(self.run, steps), self.batch_sharding)
     self._move(TRAINING, now)
     if schedule_at is not None:  # the inner schedule follows the run's progress (inner.schedule_progress="run")
@@ -195,6 +192,17 @@ class Learner:
     self._capture.hold(state, report if kind == MAIN else [])
     self._data.stage_ahead(round_plan.chunks(self.run, ahead), self.batch_sharding)
     return part
+
+  def data_through(self, kind: str, steps: int, now: float, ahead: int | None = None) -> tuple[int, int]:
+    """What a dispatch of this part stages next and needs leased: (the steps of the part staged after it, if the
+    caller plans none: the round plan's, from the part's kind; the batches [0, n) its stream must be able to serve:
+    this part, the one staged after it, and what the prefetcher reads ahead). Raises the learner's program bug due by
+    `now` first, as its dispatch would (before anything is leased)."""
+    if self.injector is not None:
+      self.injector.check_program(self.index, now)
+    if ahead is None:
+      ahead = round_plan.staged_after(self.run, kind, self.has_theta())
+    return ahead, self._data.position["position"] + steps + ahead + self.run.data.prefetch + 2
 
   def _run_pieces(self, pieces: tuple[jax.Array, ...], copies: bool) -> tuple[TrainState, dict, list]:
     """Enqueues the part's programs, one per piece of its batches, the last copying the report if `copies`: the

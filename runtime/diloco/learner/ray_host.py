@@ -89,7 +89,8 @@ class LearnerHost:
     self._routing = injection.ROUTER.routing(self._injector)
     self._routing.__enter__()  # pylint: disable=unnecessary-dunder-call
     self._devices = jax.devices()[:num_devices]
-    per = num_devices // len(home)  # (its home slices' devices, in order: the controller's slice i is its group i)
+    per = num_devices // max(len(home), 1)  # (its home slices' devices, in order: the controller's slice i is its
+    # group i; none for a learner of lent capacity, absent until a slice is lent to it with an actor of its own)
     self._groups = {s: self._devices[i * per:(i + 1) * per] for i, s in enumerate(home)}
     # (a gang's members hold Θ as NumPy: a device array of one process cannot be laid out on the others' devices)
     self._host = None if gang[1] > 1 else NamedSharding(devices_lib.slice_mesh([devices_lib.host_device()]), P())
@@ -116,8 +117,11 @@ class LearnerHost:
     args = tuple(self._inbound(a) for a in args)
     return self._outbound(getattr(self._learner, name)(*args, **kwargs)), self.figures()
 
-  def dispatch(self, *args, **kwargs) -> tuple[PartRecord, dict]:
-    """The learner's dispatch; under the real clock its part is numbered for `part_done`."""
+  def dispatch(self, *args, grant: np.ndarray | None = None, **kwargs) -> tuple[PartRecord, dict]:
+    """The learner's dispatch, with the data service's serials the controller leased for it (`grant`); under the real
+    clock its part is numbered for `part_done`."""
+    if grant is not None:
+      self._learner.leased.grants.grant(grant)
     part = self._learner.dispatch(*args, **kwargs)
     record = self._outbound(part)
     if self._serials is not None:
@@ -167,7 +171,7 @@ class LearnerHost:
                 parts=tuple(p.kind for p in learner.parts), queued_steps=sum(p.steps for p in learner.parts),
                 live_tokens=learner.parts.live_tokens(), pid=os.getpid(), processes=jax.process_count(),
                 has_theta=learner.inbox is not None, owed_fragment=learner.owed_fragment(),
-                live_bases=learner.live_bases())
+                live_bases=learner.live_bases(), leased=0 if learner.leased is None else learner.leased.leased)
 
   def revive(self, book: dict, now: float, status: str, theta: "Theta | None") -> tuple[None, dict]:
     """This new actor takes the place of one whose process ended: the learner's book as of its last answer, then

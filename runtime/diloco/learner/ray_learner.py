@@ -17,8 +17,12 @@ that ends (killed by the injector, `ends=process`, or from outside) is a removed
 to answer, it is read as the loss of its slice (`injection.ProcessLost`), and a new actor holding the learner's book
 as of its last answer takes its place, down, to rejoin from Θ (the proxy keeps that book: each answer brings its
 figures and the rows added since); under the real clock one that does not answer by its deadline is hung, and killed.
-Refused with a named field (the run's config check): lent slices, the data service, and spares for learners of several
-slices (a spare that reaches a learner of one slice gets a new actor made for it, the learner's book carried over).
+Refused with a named field (the run's config check): spares for learners of several slices (a spare that reaches a
+learner of one slice gets a new actor made for it, the learner's book carried over). With the data service
+(`data.assignment="service"`, also what lent slices use) the service stays here: a dispatch leases what the actor's
+stream will take and sends it along (runtime/data/service.py, Grants); the learner's leases are kept here as well,
+for a new actor to start from. A learner of lent capacity waits absent in an actor holding no slice; a slice lent to
+it comes with a new actor made for that slice.
 Compressed reports and Θ updates cross as their payloads' bytes, a fragment's Θ as its own put.
 Checkpoints: the actor packs its learner's part and the controller's packer takes it in, so a killed driver's rerun
 resumes with new actors.
@@ -38,11 +42,13 @@ import jax
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.config.fragment_plan import WHOLE
 from runtime.config.run import RunConfig
+from runtime.data.service import LeasedStream
 from runtime.diloco.learner.book import LearnerBook
 from runtime.diloco.learner.interface import Failure
 from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, STATE_LOST, WAITING
 from runtime.diloco.learner.ray_host import LearnerHost, PartRecord, Theta, host_tree
 from runtime.diloco.sync.messages import Delivery, Report
+from runtime.errors import DataError
 from runtime.faults import injection
 
 PyTree = Any
@@ -92,6 +98,8 @@ class _Gang:
 
   def __init__(self, ray: Any, made: tuple, index: int, slices: tuple[int, ...], absent: bool):
     _, num_devices, run, stream = made
+    if isinstance(stream, LeasedStream):  # (its leases as the controller's copy holds them now, granted from there on)
+      stream = stream.remote()
     size = run.ray.processes_per_learner
     # (its share of the slices' simulated devices; under the virtual clock one process has as many as the
     # controller, of which it trains on its slices': XLA:CPU's one-device programs were seen computing other bits in
@@ -160,6 +168,9 @@ class RayLearner:
     self._ray, self._puts = ray, puts
     self.index, self.tokens_per_batch = index, stream.tokens_per_batch
     self._made = (slices, num_devices, run, stream)  # how its actor is made (again, if its process ends)
+    # (data.assignment "service") its stream's leases, kept here as its actor's stream holds them: leased here from
+    # the service with the call that needs them (`dispatch`), given back as the actor's answers show them given back
+    self._leased = stream if isinstance(stream, LeasedStream) else None
     self._book, self._figures = LearnerBook(), {}
     self._lost: injection.ProcessLost | None = None  # its process found ended, until its crash is handled
     self._hung: tuple[Any, str] = (None, "")  # (an actor killed for a hang, why)
@@ -194,12 +205,18 @@ class RayLearner:
   processes = property(lambda self: self._figures["processes"])  # how many its programs run across (jax's count)
 
   def _keep(self, figures: dict) -> None:
-    """An answer's book and figures: the book's fields, and the rows its lists gained (from where it says)."""
+    """An answer's book and figures: the book's fields, and the rows its lists gained (from where it says); the
+    leases its stream gave back, given back to the service from the copy here."""
     for name, value in figures.pop("book").items():
       setattr(self._book, name, value)
     for name, (start, rows) in figures.pop("rows").items():
       getattr(self._book, name)[start:] = rows
     self._figures = figures
+    if self._leased is not None and figures["leased"] != self._leased.leased:
+      if figures["leased"] > self._leased.leased:
+        raise DataError(f"learner {self.index}'s actor holds {figures['leased']} batches leased where the controller "
+                        f"granted {self._leased.leased}")
+      self._leased.give_back_from(figures["leased"])
 
   def _ask(self, name: str, *args, **kwargs) -> Any:
     """The actor's method `name` run with these arguments: its result, the book's figures kept. Raises ProcessLost
@@ -322,7 +339,12 @@ class RayLearner:
 
   def dispatch(self, kind: str, steps: int, now: float, modeled_seconds: float, armed: bool = False,
                schedule_at: int | None = None, ahead: int | None = None) -> PartRecord:
-    part = self._ask("dispatch", kind, steps, now, modeled_seconds, armed=armed, schedule_at=schedule_at, ahead=ahead)
+    grant = None
+    if self._leased is not None:  # what its stream will lease, leased here first (one round trip more)
+      ahead, through = self._call("data_through", kind, steps, now, ahead)
+      grant = self._leased.lease_through(through)
+    part = self._ask("dispatch", kind, steps, now, modeled_seconds, armed=armed, schedule_at=schedule_at, ahead=ahead,
+                     grant=grant)
     if part.serial < 0:
       return part
     # (its steps and those queued ahead of it at its measured step time: no deadline before one is measured)
@@ -434,16 +456,18 @@ class RayLearner:
     self._ask("rejoin", slice_index, self._puts.shared(theta_host), version, now)
 
   def give_back_unreported(self) -> None:
-    self._or_book(lambda: None, "give_back_unreported")  # (nothing leased with backend "ray")
+    self._or_book(lambda: None, "give_back_unreported")
+    if self._leased is not None:  # (a lost process's leases: the copy here is the one a new actor starts from)
+      self._leased.give_back_from(self._book.reported_position["position"])
 
   def join_schedule(self, total_steps: int) -> None:
     self._call("join_schedule", total_steps)
 
   def served(self, start: int, end: int) -> Any:
-    return self._call("served", start, end)
+    return self._leased.serials(start, end)  # (the copy here: Learner.served)
 
   def leases(self) -> list[int]:
-    return self._call("leases")
+    return self._leased.snapshot() if self._leased is not None else []
 
   # Checkpoints: the actor packs its part, the controller's packer takes it in under the learner's own keys
   def snapshot(self, packer: snapshot_lib.Packer) -> dict:
@@ -451,6 +475,8 @@ class RayLearner:
     return packer.fetched(saved, arrays, failed, prefix=f"learner{self.index}:")
 
   def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker, theta_host: PyTree) -> None:
+    if self._leased is not None:
+      self._leased.restore_leases(saved["leases"])
     self._ask("restore", saved, unpacker.arrays_named(saved), unpacker.failed, unpacker.treedefs,
               self._puts.shared(theta_host))
     self._delivered = unpacker.value(saved["inbox"])  # (its Θ, should it have to go again)
