@@ -398,9 +398,10 @@ def _validate_ray(run: RunConfig) -> None:
   check(run.slices_per_learner == 1 or run.slices in (0, run.learners * run.slices_per_learner), "slices", run.slices,
         f"0 (no spare slices) with slices_per_learner {run.slices_per_learner} {why}")
   gang = run.ray.processes_per_learner
-  check(gang >= 1 and run.num_devices % (run.learners * gang) == 0, "ray.processes_per_learner", gang,
-        f"an integer >= 1 that splits each learner's slice evenly (num_devices {run.num_devices} / learners "
-        f"{run.learners} divisible by it)")
+  per_slice = run.num_devices // max(run.num_slices + run.lent_slices, 1)
+  check(gang == 1 or (gang > 1 and per_slice % gang == 0 and per_slice >= gang), "ray.processes_per_learner", gang,
+        f"an integer >= 1 that splits each learner's slice evenly (num_devices {run.num_devices} / slices "
+        f"{run.num_slices + run.lent_slices}, lent included: {per_slice} devices each, divisible by it)")
   check(gang == 1 or run.slices_per_learner == 1, "ray.processes_per_learner", gang,
         f"1 with slices_per_learner {run.slices_per_learner} (a learner of several slices that loses one moves its "
         "state onto fewer processes' devices: JAX on CPU moves no array between processes)")

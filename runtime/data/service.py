@@ -89,9 +89,9 @@ class Grants:
     self.seq_len, self.seed = service.seq_len, service.seed
     self._granted = np.zeros(0, np.int64)
 
-  def grant(self, serials: np.ndarray) -> None:
-    """The serials the controller leased for the next `lease`."""
-    self._granted = np.concatenate([self._granted, np.asarray(serials, np.int64)])
+  def grant(self, serials: np.ndarray | None) -> None:
+    """The serials the controller leased for the next `lease` (None: nothing granted any more)."""
+    self._granted = np.zeros(0, np.int64) if serials is None else np.asarray(serials, np.int64)
 
   def lease(self, count: int) -> np.ndarray:
     granted, self._granted = self._granted, np.zeros(0, np.int64)

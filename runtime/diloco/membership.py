@@ -55,9 +55,10 @@ def make_learners(run: RunConfig, exp: Experiment, devices: Sequence[list[jax.De
     stream = (exp.shard(m, run.learners, batch) if data_service is None
               else LeasedStream(data_service, batch_size=batch, learner=m))
     home = learner_slices.home(m, run.slices_per_learner) if owned else -1
-    if run.backend == "ray":  # (an absent learner's actor holds no slice: a lent one comes with a new actor for it)
-      size = sum(len(devices[s]) for s in home) if owned else len(devices[run.num_slices])
-      learners.append(ray_learner.RayLearner(m, home if owned else (), size, run, stream, puts, absent=not owned))
+    if run.backend == "ray":  # (a learner of lent capacity: its actor holds every slice it may be lent, one group each)
+      held = home if owned else tuple(range(run.num_slices, run.num_slices + run.lent_slices))
+      learners.append(ray_learner.RayLearner(m, held, sum(len(devices[s]) for s in held), run, stream, puts,
+                                             absent=not owned))
     else:
       learners.append(Learner(m, home, [devices[s] for s in home] if owned else [], run, stream, injector,
                               absent=not owned))

@@ -21,6 +21,7 @@ import pytest
 from configs import smoke
 from invariants import assert_data_accounted
 from runtime.diloco.controller import Controller
+from runtime.diloco.membership import Membership
 from runtime.errors import ConfigError
 from runtime.experiments import modes
 from runtime.train.harness import Experiment
@@ -199,6 +200,39 @@ def test_learners_on_lent_slices_join_and_leave_in_actors_as_in_process(cluster,
   assert_data_accounted(result, seq_len=64)
 
 
+def test_a_lent_learner_whose_process_is_found_dead_by_its_reclaim_leaves_and_gives_its_leases_back(
+    cluster, tmp_path, monkeypatch):
+  # The lend's reclaim (t=30) finds learner 2's process ended (killed just before): it is replaced, down, and leaves
+  # as in process (its loss booked once, by the leave; its unreported leases given back), and the run trains on.
+  del cluster
+  config = _smoke("ray")
+  config.num_devices, config.data.assignment = 6, "service"  # (2 owned slices and 1 lent, 2 devices each)
+  config.capacity.schedule = "lend:slices=1,time=10,duration=20"
+  reclaim, killed = Membership.on_reclaim, []
+
+  def kill_then_reclaim(membership, event):
+    for s in event.payload[1]:
+      learner = controller.learners[controller.slices.lent[s]]
+      killed.append((learner.index, learner.pids))
+      for member in learner._actor.members:  # pylint: disable=protected-access
+        ray.kill(member, no_restart=True)
+    reclaim(membership, event)
+
+  monkeypatch.setattr(Membership, "on_reclaim", kill_then_reclaim)
+  run = modes.prepare(config)
+  controller = Controller(run, Experiment(run), tmp_path, "decoupled")
+  result = controller.train()
+  records = _records(tmp_path / "decoupled")
+  assert [index for index, _ in killed] == [2], killed
+  leave = next(r for r in records if r.get("fault") == "leave")
+  assert (leave["learner"], leave["time"]) == (2, 30.0) and "process" in leave["detail"], leave
+  assert not set(controller.learners[2].pids) & set(killed[0][1])  # (a new actor took its place)
+  assert not [r for r in records if r.get("fault") == "crash"]  # (its loss is the leave's, booked once)
+  assert 2 in {m for r in records if r["kind"] == "merge" for m in r["merged"]}
+  assert result.tokens == run.token_budget
+  assert_data_accounted(result, seq_len=64)
+
+
 @pytest.mark.slow  # ~70 s
 def test_a_learner_on_a_spare_slice_resumes_in_an_actor_made_for_it_bit_identical(cluster, tmp_path, monkeypatch):
   # killed before the checkpoints of merges 4 and 5 (learner 1 on spare slice 2 since t=30): each rerun restores
@@ -237,6 +271,11 @@ def test_the_driver_killed_while_slices_are_lent_resumes_with_new_actors_bit_ide
     c.data.assignment, c.capacity.schedule = "service", LENDS["capacity.schedule"]
   result = assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills=(3, 6), reference_config=local)
   assert_data_accounted(result, seq_len=64)
+  records = _records(tmp_path / "killed" / "decoupled")
+  merges = [r["time"] for r in records if r["kind"] == "merge"]
+  for merge in (3, 6):  # slices were lent when it was killed: more joins than leaves by then
+    moves = [r["fault"] for r in records if r.get("fault") in ("join", "leave") and r["time"] <= merges[merge - 1]]
+    assert moves.count("join") > moves.count("leave"), (merge, merges, moves)
 
 
 
@@ -313,6 +352,15 @@ def test_what_the_ray_backend_has_not_built_is_refused_naming_the_field(field, v
   with pytest.raises(ConfigError) as refused:
     modes.prepare(config)
   assert field in str(refused.value) and allowed in str(refused.value)
+
+
+def test_a_gang_that_does_not_split_a_lent_slice_is_refused():
+  # 8 devices over 2 owned and 2 lent slices: 2 a slice, which 4 processes cannot split (8 / 2 learners could)
+  config = _smoke("ray")
+  config.num_devices, config.data.assignment, config.ray.processes_per_learner = 8, "service", 4
+  config.capacity.schedule = "lend:slices=2,time=10,duration=40"
+  with pytest.raises(ConfigError, match="slices 4, lent included: 2 devices each"):
+    modes.prepare(config)
 
 
 @pytest.mark.parametrize("backend, address, allowed", [

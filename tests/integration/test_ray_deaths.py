@@ -35,6 +35,28 @@ def test_under_the_real_clock_learners_in_actors_train_to_the_budget_through_a_c
   assert result.extras["merges"] >= 6 and result.final_eval_loss < 4.0  # (uniform over bytes: 5.5)
 
 
+def test_under_the_real_clock_learners_of_lent_capacity_join_in_the_actors_that_compiled_for_their_slices(
+    cluster, tmp_path):
+  # Two slices lent at t=0.3 for 0.8 s (of a run of ~4 s): each learner of lent capacity has an actor holding both
+  # lent slices, compiled for each at start-up; a lent slice's learner joins there (no new process), trains, is
+  # merged and leaves, its leases given back.
+  del cluster
+  config = _smoke("ray")
+  config.clock.kind, config.num_devices, config.data.assignment = "real", 8, "service"
+  config.capacity.schedule, config.total_steps = "lend:slices=2,time=0.3,duration=0.8", 120
+  run = modes.prepare(config)
+  controller = Controller(run, Experiment(run), tmp_path, "decoupled")
+  pids = [learner.pids for learner in controller.learners]
+  result = controller.train()
+  records = _records(tmp_path / "decoupled")
+  faults = sorted((r["fault"], r["learner"]) for r in records if r["kind"] == "fault")
+  assert faults == [("join", 2), ("join", 3), ("leave", 2), ("leave", 3)], faults
+  assert [learner.pids for learner in controller.learners] == pids  # (no actor replaced)
+  assert {m for r in records if r["kind"] == "merge" for m in r["merged"]} >= {2, 3}  # (trained, and merged)
+  assert result.tokens == run.token_budget
+  assert_data_accounted(result, seq_len=run.data.seq_len)
+
+
 def _killed_run(tmp_path, schedule: str, kill_at_step: int | None = None, hang_seconds: float = 120.0,
                 processes: int = 1, member: int = 0, how: signal.Signals = signal.SIGKILL, hang_factor: float = 10.0,
                 fragments: int = 1, slices_per_learner: int = 1, assignment: str = "shards"):
@@ -105,6 +127,7 @@ def test_a_learner_whose_process_is_killed_before_the_run_starts_rejoins_on_a_ne
   assert next(r for r in records if r.get("fault") == "crash")["time"] < 1.0
 
 
+@pytest.mark.slow  # ~55 s (CI time); the suite keeps a call's deadline (below) and the hang's refusal
 def test_a_hung_learner_is_killed_at_its_deadline_and_rejoins_on_a_new_actor(cluster, tmp_path):
   # ends=hang: at inner step 24 the actor's step check stops for good; nothing answers, nothing dies, until the
   # part's (or a call's) deadline of ~5 s kills the process

@@ -89,8 +89,7 @@ class LearnerHost:
     self._routing = injection.ROUTER.routing(self._injector)
     self._routing.__enter__()  # pylint: disable=unnecessary-dunder-call
     self._devices = jax.devices()[:num_devices]
-    per = num_devices // max(len(home), 1)  # (its home slices' devices, in order: the controller's slice i is its
-    # group i; none for a learner of lent capacity, absent until a slice is lent to it with an actor of its own)
+    per = num_devices // len(home)  # (its home slices' devices, in order: the controller's slice i is its group i)
     self._groups = {s: self._devices[i * per:(i + 1) * per] for i, s in enumerate(home)}
     # (a gang's members hold Θ as NumPy: a device array of one process cannot be laid out on the others' devices)
     self._host = None if gang[1] > 1 else NamedSharding(devices_lib.slice_mesh([devices_lib.host_device()]), P())
@@ -122,7 +121,11 @@ class LearnerHost:
     clock its part is numbered for `part_done`."""
     if grant is not None:
       self._learner.leased.grants.grant(grant)
-    part = self._learner.dispatch(*args, **kwargs)
+    try:
+      part = self._learner.dispatch(*args, **kwargs)
+    finally:  # (a dispatch that raised before its lease leaves nothing granted: the controller gives its copy's back)
+      if grant is not None:
+        self._learner.leased.grants.grant(None)
     record = self._outbound(part)
     if self._serials is not None:
       record = dataclasses.replace(record, serial=next(self._serials))

@@ -21,8 +21,8 @@ Refused with a named field (the run's config check): spares for learners of seve
 learner of one slice gets a new actor made for it, the learner's book carried over). With the data service
 (`data.assignment="service"`, also what lent slices use) the service stays here: a dispatch leases what the actor's
 stream will take and sends it along (runtime/data/service.py, Grants); the learner's leases are kept here as well,
-for a new actor to start from. A learner of lent capacity waits absent in an actor holding no slice; a slice lent to
-it comes with a new actor made for that slice.
+for a new actor to start from. A learner of lent capacity has an actor holding every slice it may be lent (one group
+of devices each, compiled for at start under the real clock), on none of them until one is lent.
 Compressed reports and Θ updates cross as their payloads' bytes, a fragment's Θ as its own put.
 Checkpoints: the actor packs its learner's part and the controller's packer takes it in, so a killed driver's rerun
 resumes with new actors.
@@ -171,6 +171,7 @@ class RayLearner:
     # (data.assignment "service") its stream's leases, kept here as its actor's stream holds them: leased here from
     # the service with the call that needs them (`dispatch`), given back as the actor's answers show them given back
     self._leased = stream if isinstance(stream, LeasedStream) else None
+    self._lent_capacity = absent  # (a learner of lent capacity: absent until a slice is lent to it)
     self._book, self._figures = LearnerBook(), {}
     self._lost: injection.ProcessLost | None = None  # its process found ended, until its crash is handled
     self._hung: tuple[Any, str] = (None, "")  # (an actor killed for a hang, why)
@@ -178,7 +179,8 @@ class RayLearner:
     self._hang = (run.ray.hang_seconds, run.ray.hang_factor) if run.clock.kind == "real" else None
     self._step_seconds = 0.0
     self._starting: list[Any] | None = None  # a new gang's first call, not waited for when made
-    self._actor = _Gang(ray, self._made, index, slices, absent)  # (its processes start in the background)
+    # (its processes start in the background; a learner of lent capacity is on none of its slices until one is lent)
+    self._actor = _Gang(ray, self._made, index, () if absent else slices, absent)
     self._keep(self._answer(self._actor.call("joined"), "joined")[1])
     self._delivered: Delivery | None = None
 
@@ -280,8 +282,10 @@ class RayLearner:
     book, figures = self._book, self._figures
     failure = Failure(figures["slice_index"], detail, figures["live_tokens"] + book.unreported_tokens(),
                       book.unreported_busy)
-    placed = bool(status)  # (on its slice until it fails there: its programs compile first)
-    self._new_actor(self._made[0] if placed else (), now, status, self._puts.newest() if placed else None)
+    placed = bool(status)  # (on its slice until it fails there: its programs compile first; lent capacity: the one
+    # lent to it, of those its actor holds)
+    where = tuple(figures["slices"]) if self._lent_capacity else self._made[0]
+    self._new_actor(where if placed else (), now, status, self._puts.newest() if placed else None)
     self._lost = None
     if status:  # (the new actor books the same move; its answer is awaited at the next call)
       book.set_status(f"learner {self.index}", status, now)
@@ -447,7 +451,17 @@ class RayLearner:
     return self._call("lose_part", now)
 
   def leave(self, now: float) -> Failure:
-    return self._call("leave", now)
+    """It leaves its lent slice, as in process; a lost process is replaced first (`_replaced`, as `fail` does: what
+    the loss cost), and the new actor, down, leaves."""
+    found = ""
+    if self._lost is None:
+      try:
+        return self._call("leave", now)
+      except injection.ProcessLost as lost:
+        found = f", {lost}"
+    failure = self._replaced(now, DOWN, found)
+    self._call("leave", now)
+    return failure
 
   def rejoin(self, slice_index: int | tuple[int, ...], devices: list[Any], theta_host: PyTree, version: int,
              now: float) -> None:
