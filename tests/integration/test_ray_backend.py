@@ -138,13 +138,26 @@ def test_streaming_fragments_cross_to_actors_bit_for_bit(cluster, tmp_path):
 @pytest.mark.parametrize("recovery", ["reconfigure", pytest.param("restart", marks=pytest.mark.slow)])
 def test_learners_of_two_slices_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_path, recovery):
   # slices_per_learner=2: each actor holds its two slices' devices (a ('slice', 'data') mesh over them); learner 1's
-  # slice 1 crashes at t=25: it shrinks onto the other slice and grows back after the repair (or restarts), in its
-  # actor as in process
+  # slice 1 crashes at t=25: it shrinks onto the other slice and grows back after the repair, in its actor as in
+  # process; or (restart, one spare slice of five, a 60 s repair) it goes down and restarts from Θ on its healthy
+  # slice and the spare, in a new actor made for them
   del cluster
-  remote, _ = _same_as_in_process(tmp_path, "crash:learner=1,time=25,slice=1,repair=10", slices_per_learner=2,
+  spare = dict(num_devices=5, slices=5) if recovery == "restart" else {}
+  remote, _ = _same_as_in_process(tmp_path, f"crash:learner=1,time=25,slice=1,repair={60 if spare else 10}",
+                                  slices_per_learner=2, **spare,
                                   **{"faults.learner_recovery": recovery, "faults.reconfig_seconds": 1.0})
-  faults = [r["fault"] for r in remote if r["kind"] == "fault"]
-  assert faults == (["shrink", "expand"] if recovery == "reconfigure" else ["crash", "rejoin"]), faults
+  faults = [(r["fault"], r.get("detail", "")) for r in remote if r["kind"] == "fault"]
+  if recovery == "reconfigure":
+    assert [f for f, _ in faults] == ["shrink", "expand"], faults
+  else:
+    assert [f for f, _ in faults] == ["crash", "rejoin"] and "4" in faults[1][1], faults
+
+
+def test_spare_slices_for_learners_of_two_slices_that_reconfigure_are_refused_naming_the_field():
+  config = _smoke("ray")
+  config.slices_per_learner, config.num_devices, config.slices = 2, 5, 5  # (one spare)
+  with pytest.raises(ConfigError, match="with learner_recovery 'restart' it rejoins from Θ, and spares are built"):
+    modes.prepare(config)
 
 
 def test_a_learner_moved_to_a_spare_slice_trains_in_a_new_actor_the_in_process_run_bit_for_bit(cluster, tmp_path):

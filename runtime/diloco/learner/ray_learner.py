@@ -17,8 +17,9 @@ that ends (killed by the injector, `ends=process`, or from outside) is a removed
 to answer, it is read as the loss of its slice (`injection.ProcessLost`), and a new actor holding the learner's book
 as of its last answer takes its place, down, to rejoin from Θ (the proxy keeps that book: each answer brings its
 figures and the rows added since); under the real clock one that does not answer by its deadline is hung, and killed.
-Refused with a named field (the run's config check): spares for learners of several slices (a spare that reaches a
-learner of one slice gets a new actor made for it, the learner's book carried over). With the data service
+Refused with a named field (the run's config check): spares for learners of several slices that reconfigure (a
+spare that reaches a learner down, of one slice or restarting on several, gets a new actor made for its slices, the
+learner's book carried over; one growing onto it would carry its state there). With the data service
 (`data.assignment="service"`, also what lent slices use) the service stays here: a dispatch leases what the actor's
 stream will take and sends it along (runtime/data/service.py, Grants); the learner's leases are kept here as well,
 for a new actor to start from. A learner of lent capacity has an actor holding every slice it may be lent (one group
