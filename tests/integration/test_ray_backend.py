@@ -75,13 +75,22 @@ def cluster():
   ray.shutdown()
 
 
-@pytest.mark.parametrize("schedule", ["", "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan"],
-                         ids=["fault_free", "crash_and_corrupt_report"])
-def test_learners_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_path, schedule, monkeypatch):
+@pytest.mark.parametrize("schedule, assignment", [
+    ("", "shards"), ("crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan", "service")],
+                         ids=["fault_free", "crash_and_corrupt_report_data_service"])
+def test_learners_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_path, schedule, assignment,
+                                                                 monkeypatch):
+  # With a crash and a corrupt report, the data comes from the service (data.assignment="service"): the controller
+  # leases each part's serials and sends them with its dispatch; the actor's stream takes exactly those
+  # (runtime/data/service.py: Grants). The crashed learner rewinds onto its own leases; every window is accounted for.
   del cluster
   put, puts = ray.put, []
   monkeypatch.setattr(ray, "put", lambda value, **kw: puts.append(value) or put(value, **kw))
-  results = {b: modes.train(_smoke(b, schedule), tmp_path / b)[0] for b in ("ray", "local")}
+  results = {}
+  for backend in ("ray", "local"):
+    config = _smoke(backend, schedule)
+    config.data.assignment = assignment
+    results[backend] = modes.train(config, tmp_path / backend)[0]
   remote, local = _records(tmp_path / "ray" / "decoupled"), _records(tmp_path / "local" / "decoupled")
   assert len(remote) >= 9 and remote == local
   merges = sum(r["kind"] == "merge" for r in remote)
@@ -93,6 +102,8 @@ def test_learners_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_pa
   if schedule:  # the crash was raised inside the actor's program and surfaced as the device error it is
     crash = next(r for r in remote if r.get("fault") == "crash")
     assert "SliceCrash: injected crash of learner 1's slice" in crash["detail"]
+    assert_data_accounted(results["ray"], seq_len=64)
+    assert len(results["ray"].details["merged_serials"]) == results["ray"].tokens // 64  # (the smoke's seq_len)
   assert results["ray"].final_eval_loss == results["local"].final_eval_loss
   thetas = [load_model(tmp_path / b / "decoupled").params for b in ("ray", "local")]
   jax.tree.map(np.testing.assert_array_equal, *thetas)
@@ -181,21 +192,8 @@ def test_a_learner_moved_to_a_spare_slice_trains_in_a_new_actor_the_in_process_r
   jax.tree.map(np.testing.assert_array_equal, results["ray"].params, results["local"].params)
 
 
-SERVICE = {"data.assignment": "service"}
-LENDS = {**SERVICE, "num_devices": 8, "capacity.schedule": "lend:slices=1,time=10,duration=40;random:slices=1,gap=15,"
+LENDS = {"data.assignment": "service", "num_devices": 8, "capacity.schedule": "lend:slices=1,time=10,duration=40;random:slices=1,gap=15,"
          "duration=15"}  # two slices lent at most (2 devices each): learners 2 and 3 join, leave and join again
-
-
-def test_learners_in_actors_lease_the_data_services_windows_as_in_process(cluster, tmp_path):
-  # data.assignment="service": the controller leases each part's serials and sends them with its dispatch; the
-  # actor's stream takes exactly those (runtime/data/service.py: Grants). Through a crash (learner 1 rewinds onto
-  # its own leases) and a quarantined report, the run is the in-process one, and every window is accounted for.
-  del cluster
-  remote, result = _same_as_in_process(tmp_path, "crash:learner=1,time=25,repair=10;corrupt:learner=0,time=12,how=nan",
-                                       **SERVICE)
-  assert [r["fault"] for r in remote if r["kind"] == "fault"] == ["corrupt", "quarantine", "crash", "rejoin"]
-  assert_data_accounted(result, seq_len=64)
-  assert len(result.details["merged_serials"]) == result.tokens // 64  # (the smoke config's seq_len)
 
 
 @pytest.mark.slow  # ~60 s
