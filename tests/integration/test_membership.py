@@ -102,3 +102,24 @@ def test_a_lent_learner_joins_where_the_run_stands_in_the_inner_schedule(tiny_co
   first = next(r for r in result.records if r["kind"] == "merge" and 1 in r["merged"])
   lr = dict(zip(first["merged"], first["lr"]))
   assert 0 in lr and lr[1] == lr[0] > 0, first
+
+
+def test_a_part_cut_off_by_a_reclaim_is_not_booked_as_trained(tiny_config):
+  """A lent slice reclaimed while its learner's part runs (modeled): the part is dropped, not booked as finished at
+  the reclaim (its busy time above the time the learner was present: a busy fraction above 1), with an injector
+  armed (a fault scheduled) as without one."""
+  tiny_config.learners, tiny_config.num_devices, tiny_config.data.batch_size = 1, 2, 4
+  tiny_config.data.assignment, tiny_config.total_steps = "service", 8
+  tiny_config.inner_steps, tiny_config.overlap_steps = 2, 1
+  tiny_config.capacity.schedule = "lend:slices=1,time=2,duration=1.5"  # reclaimed at 3.5, amid a 1 s step
+  faults = ("", "corrupt:learner=0,time=5,how=nan")
+  runs = []
+  for schedule in faults:
+    tiny_config.faults.schedule = schedule
+    result = modes.train(tiny_config, None)[0]
+    leave = next(f for f in result.details["faults"] if f["fault"] == "leave")
+    assert leave["learner"] == 1 and leave["time"] == 3.5, leave
+    busy = [r["busy"][1] for r in result.records if r["kind"] == "merge"]
+    assert busy and all(0.0 <= b <= 1.0 for b in busy), busy
+    runs.append(result)
+  assert runs[0].tokens == runs[1].tokens

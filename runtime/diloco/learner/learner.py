@@ -218,9 +218,7 @@ class Learner:
     """Awaits the oldest part in flight (raising the device error if it failed) and books its work; `now`: when its
     program finished."""
     part = self.parts[0]
-    if part.failure:
-      raise injection.RecordedFailure(part.failure)
-    loss_H = np.concatenate([np.asarray(v).ravel() for k, v in part.metrics.items() if k.partition(".")[0] == "loss"])
+    loss_H = _awaited(part)
     _, device_seconds, void = self.parts.pop(now)
     busy = part.modeled_seconds if part.modeled_seconds else device_seconds
     self.book.collected(part.steps, part.tokens, busy, len(self.slices), float(loss_H.mean()), now, void=void)
@@ -388,12 +386,18 @@ class Learner:
     return Failure(self.slice_index, detail, part.tokens if part else 0, lost_seconds)
 
   def _await_inflight(self, now: float) -> str:
-    """Awaits a failing round whose time is modeled, so its device error surfaces; what happened, for the record."""
-    if self.inflight is None or not self.inflight.modeled_seconds or self.injector is None:
+    """Awaits a failing round whose time is modeled, so its device error surfaces; what happened, for the record.
+    A part that ended as the failure fell is booked; one the failure cuts off is not, as one never awaited is not (no
+    injector armed): its modeled time ran only to `now`."""
+    part = self.inflight
+    if part is None or not part.modeled_seconds or self.injector is None:
       return ""
     try:
-      self.collect(now)  # the armed program fails here, a genuine device error
-      return " (its round had completed)"
+      if part.modeled_end() <= now:
+        self.collect(now)
+        return " (its round had completed)"
+      _awaited(part)  # the armed program fails here, a genuine device error
+      return " (its round cut off)"
     except Exception as error:  # pylint: disable=broad-except
       return f", awaiting its round: {injection.describe(error)}"
 
@@ -508,3 +512,10 @@ class Learners:
       if slices and slices != learner.slices:
         learner.move_to(slices, [self._devices[s] for s in slices])
       learner.restore(mine, unpacker, self._syncer.params)
+
+
+def _awaited(part: RoundPart) -> np.ndarray:
+  """The part's per-step losses once its programs finished, raising the device error if one failed."""
+  if part.failure:
+    raise injection.RecordedFailure(part.failure)
+  return np.concatenate([np.asarray(v).ravel() for k, v in part.metrics.items() if k.partition(".")[0] == "loss"])

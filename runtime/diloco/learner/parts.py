@@ -43,6 +43,10 @@ class RoundPart:
       return self.started_at + self.queued_seconds + self.modeled_seconds
     return max(self.started_at, ahead_ends_at) + self.steps * seconds_per_step
 
+  def modeled_end(self) -> float:
+    """When its modeled time ends: the clock's time of its PART_DONE event (the same sum, to the bit)."""
+    return self.started_at + (self.queued_seconds + self.modeled_seconds)
+
 
 
 class PartQueue:
