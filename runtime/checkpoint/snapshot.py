@@ -87,6 +87,14 @@ class Packer:
 
 
 
+def tree_kinds(params: PyTree, state: Any, fragments: Any) -> dict[str, Any]:
+  """The kinds of tree a learner's part of a snapshot packs, by structure: Θ's ("params", and "params/<p>" for each
+  fragment p when there are `fragments.num` > 1: its `part(params, p)`), and its train state's ("train")."""
+  parts = {f"params/{p}": jax.tree.structure(fragments.part(params, p)) for p in range(fragments.num)}
+  return dict(params=jax.tree.structure(params), **(parts if fragments.num > 1 else {}),
+              train=jax.tree.structure(state))
+
+
 def fetch(groups: dict[str, dict[str, jax.Array]]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
   """The arrays of every group on the host, and the device error of each group whose program failed."""
   arrays, failed = {}, {}

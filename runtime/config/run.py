@@ -395,11 +395,6 @@ def _validate_ray(run: RunConfig) -> None:
         "'local' unless Ray is installed (the `ray` extra: pip install -e '.[ray]')")
   why = "with backend 'ray' (not built for it yet)"
   check(run.mode in ("decoupled", "diloco_sync"), "mode", run.mode, f"'decoupled' or 'diloco_sync' {why}")
-  spares = run.slices not in (0, run.learners * run.slices_per_learner)
-  check(run.slices_per_learner == 1 or not spares or run.faults.learner_recovery == "restart", "slices", run.slices,
-        f"0 (no spare slices) with slices_per_learner {run.slices_per_learner} and faults.learner_recovery "
-        f"'{run.faults.learner_recovery}' {why}: a learner growing onto a spare would move its state into another "
-        "actor; with learner_recovery 'restart' it rejoins from Θ, and spares are built")
   gang = run.ray.processes_per_learner
   per_slice = run.num_devices // max(run.num_slices + run.lent_slices, 1)
   check(gang == 1 or (gang > 1 and per_slice % gang == 0 and per_slice >= gang), "ray.processes_per_learner", gang,

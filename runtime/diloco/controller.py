@@ -15,6 +15,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import lm
+from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.cluster import devices as devices_lib
 from runtime.cluster import multislice
 from runtime.config.run import RunConfig
@@ -88,10 +89,8 @@ class Controller:
     self.rounds = Rounds(run, self.clock, self.learners, self.syncer, self.links, self.budget, post, self.log,
                          self.slices)
     self.membership = Membership(run, self.clock, self.learners, self.budget, self.slices, data_service, self.log)
-    treedefs = dict(params=jax.tree.structure(theta), outer=jax.tree.structure(self.syncer.opt_state),
-                    **{f"params/{p}": jax.tree.structure(self.syncer.trees.part(theta, p))
-                       for p in range(run.fragments) if run.fragments > 1},
-                    train=jax.tree.structure(jax.eval_shape(lambda p: init_state(p, tx), theta)))
+    treedefs = dict(snapshot_lib.tree_kinds(theta, jax.eval_shape(lambda p: init_state(p, tx), theta),
+                                            self.syncer.trees), outer=jax.tree.structure(self.syncer.opt_state))
     parts = [("syncer", self.syncer), ("learners", Learners(self.learners, devices, self.syncer)),
              ("slices", self.slices), ("links", self.links), ("budget", self.budget),
              ("membership", self.membership), ("clock", self.clock), ("merges", self.merges), ("log", self.log)]

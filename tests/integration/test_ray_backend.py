@@ -146,29 +146,26 @@ def test_streaming_fragments_cross_to_actors_bit_for_bit(cluster, tmp_path):
   assert [r["fault"] for r in remote if r["kind"] == "fault"] == ["corrupt", "quarantine", "crash", "rejoin"]
 
 
-@pytest.mark.parametrize("recovery", ["reconfigure", pytest.param("restart", marks=pytest.mark.slow)])
-def test_learners_of_two_slices_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_path, recovery):
+@pytest.mark.parametrize("recovery, spare", [("reconfigure", False), ("reconfigure", True),
+                                             pytest.param("restart", True, marks=pytest.mark.slow)])
+def test_learners_of_two_slices_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_path, recovery, spare):
   # slices_per_learner=2: each actor holds its two slices' devices (a ('slice', 'data') mesh over them); learner 1's
-  # slice 1 crashes at t=25: it shrinks onto the other slice and grows back after the repair, in its actor as in
-  # process; or (restart, one spare slice of five, a 60 s repair) it goes down and restarts from Θ on its healthy
-  # slice and the spare, in a new actor made for them
+  # slice 1 (slice 3) crashes at t=25: it shrinks onto the other slice and grows back after the repair, in its actor
+  # as in process; with one spare slice of five and a 60 s repair, it grows onto the spare (slice 4) instead, in a new
+  # actor made for slices 2 and 4 that takes its state over from the old one; or (restart) it goes down and restarts
+  # from Θ on its healthy slice and the spare, in a new actor made for them
   del cluster
-  spare = dict(num_devices=5, slices=5) if recovery == "restart" else {}
-  remote, _ = _same_as_in_process(tmp_path, f"crash:learner=1,time=25,slice=1,repair={60 if spare else 10}",
-                                  slices_per_learner=2, **spare,
-                                  **{"faults.learner_recovery": recovery, "faults.reconfig_seconds": 1.0})
+  spares = dict(num_devices=5, slices=5) if spare else {}
+  remote, result = _same_as_in_process(tmp_path, f"crash:learner=1,time=25,slice=1,repair={60 if spare else 10}",
+                                       slices_per_learner=2, **spares,
+                                       **{"faults.learner_recovery": recovery, "faults.reconfig_seconds": 1.0})
   faults = [(r["fault"], r.get("detail", "")) for r in remote if r["kind"] == "fault"]
   if recovery == "reconfigure":
-    assert [f for f, _ in faults] == ["shrink", "expand"], faults
+    assert [f for f, _ in faults] == ["shrink", "expand"] and ("[2, 4]" in faults[1][1]) == spare, faults
   else:
     assert [f for f, _ in faults] == ["crash", "rejoin"] and "4" in faults[1][1], faults
-
-
-def test_spare_slices_for_learners_of_two_slices_that_reconfigure_are_refused_naming_the_field():
-  config = _smoke("ray")
-  config.slices_per_learner, config.num_devices, config.slices = 2, 5, 5  # (one spare)
-  with pytest.raises(ConfigError, match="with learner_recovery 'restart' it rejoins from Θ, and spares are built"):
-    modes.prepare(config)
+  merged = [r for r in remote if r["kind"] == "merge" and r["time"] > 40]
+  assert any(1 in r["merged"] for r in merged), "learner 1 trains on after its move"
 
 
 def test_a_learner_moved_to_a_spare_slice_trains_in_a_new_actor_the_in_process_run_bit_for_bit(cluster, tmp_path):
@@ -254,6 +251,27 @@ def test_a_learner_on_a_spare_slice_resumes_in_an_actor_made_for_it_bit_identica
   assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills=(4, 5))
   rejoin = [r["detail"] for r in _records(tmp_path / "killed" / "decoupled") if r.get("fault") == "rejoin"]
   assert rejoin == ["on slice 2"], rejoin
+
+
+@pytest.mark.slow  # ~60 s
+def test_a_learner_grown_onto_a_spare_resumes_in_an_actor_made_for_its_slices_bit_identical(cluster, tmp_path,
+                                                                                           monkeypatch):
+  # Learner 1 of slices 2 and 3 shrinks onto slice 2 at t=25 and grows onto spare slice 4 at t=46 (its state carried
+  # to a new actor); killed before the checkpoints of merges 5 and 7: the first rerun resumes it shrunk (and carries
+  # it to the new actor as the run did), the second restores it into a new actor made for slices 2 and 4. The
+  # reference is the run in process.
+  del cluster
+  schedule, fields = "crash:learner=1,time=25,slice=1,repair=60", dict(slices_per_learner=2, num_devices=5, slices=5,
+                                                                       checkpoint_every=1)
+  config, local = _smoke("ray", schedule), _smoke("local", schedule)
+  for c in (config, local):
+    c.update(fields)
+    c.faults.reconfig_seconds = 1.0
+  assert_resumes_bit_identical(config, tmp_path, monkeypatch, kills=(5, 7), reference_config=local)
+  records = _records(tmp_path / "killed" / "decoupled")
+  expand = next(r for r in records if r.get("fault") == "expand")
+  merges = [r["time"] for r in records if r["kind"] == "merge"]
+  assert "[2, 4]" in expand["detail"] and merges[3] < expand["time"] < merges[5], (expand, merges)
 
 
 @pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["actor", "gang"])

@@ -170,3 +170,29 @@ def test_a_learner_of_two_slices_whose_process_is_killed_rejoins_on_both(cluster
   _assert_replaced(*killed, rejoins=False)
   moves = [(r["fault"], r["detail"]) for r in killed[2] if r.get("learner") == 1 and r["kind"] == "fault"]
   assert moves[1:] == [("rejoin", "on slices [2]"), ("expand", "onto slices [2, 3] of 2")], moves
+
+
+@pytest.mark.slow  # ~30 s
+def test_under_the_real_clock_a_learner_of_two_slices_grows_onto_a_spare_in_a_new_actor(cluster, tmp_path):
+  # learner 1's slice 3 crashes at t=2 (repaired after 60 s, past the run): it shrinks onto slice 2, and the spare
+  # (slice 4) reaches it; its old actor packs its state, a new one made for slices 2 and 4 takes it over
+  del cluster
+  config = _smoke("ray", "crash:learner=1,time=2,slice=1,repair=60")
+  config.clock.kind, config.slices_per_learner, config.num_devices, config.slices = "real", 2, 5, 5
+  config.faults.spare_swap_seconds = config.faults.reconfig_seconds = 0.2
+  config.total_steps *= 2  # (time to train after the move: its new actor compiles first)
+  run = modes.prepare(config)
+  controller = Controller(run, Experiment(run), tmp_path, "decoupled")
+  first = controller.learners[1].pids
+  result = controller.train()
+  records = _records(tmp_path / "decoupled")
+  moves = [(r["fault"], r["detail"]) for r in records if r.get("learner") == 1 and r["kind"] == "fault"]
+  assert [f for f, _ in moves] == ["shrink", "expand"] and "[2, 4]" in moves[1][1], moves
+  expanded = next(r["time"] for r in records if r.get("fault") == "expand")
+  learner = controller.learners[1]
+  assert not set(learner.pids) & set(first) and learner.slices == (2, 4)  # a new process, on the spare
+  assert any(at > expanded for at, _ in learner.completions)  # which trained there
+  assert result.tokens == run.token_budget
+  for m in range(2):  # no batch of a learner's data twice
+    ranges = sorted((a, b) for who, a, b in controller.log.merged_ranges if who == m)
+    assert all(b <= a for (_, b), (a, _) in zip(ranges, ranges[1:])), ranges

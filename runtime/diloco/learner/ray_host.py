@@ -209,6 +209,21 @@ class LearnerHost:
     self._learner.restore(saved, unpacker, self._theta(theta))
     return None, self.figures()
 
+  def hand_over(self) -> tuple[tuple, dict]:
+    """The learner packed whole for a new actor that takes it over (`take_over`): its part of a checkpoint, with the
+    kinds of its trees to unpack them by (its state's: a learner that reconfigures has one)."""
+    state = self._learner.state
+    treedefs = snapshot_lib.tree_kinds(state.params, state, self._learner.fragments)
+    return (*self.snapshot(treedefs)[0], treedefs), self.figures()
+
+  def take_over(self, carried: tuple, theta: "Theta", slices: tuple[int, ...]) -> tuple[None, dict]:
+    """This new actor, made for `slices`, takes over the learner its old actor packed (`hand_over`): restored on the
+    slices it had, then moved onto `slices` with its state, as its regroup moves it in one process."""
+    saved, arrays, failed, treedefs = carried
+    self._learner.move_to(tuple(saved["slices"]), self.devices_of(tuple(saved["slices"])))
+    self.restore(saved, arrays, failed, treedefs, theta)
+    return self.move_to(slices, regroup=True)
+
   def settle(self) -> tuple[None, dict]:
     """The run is over: one clean check program on the actor's slice, so an error token a crashed program left there
     is replaced now, not raised at the actor's exit (on a slice that never crashed it changes nothing)."""

@@ -17,9 +17,9 @@ that ends (killed by the injector, `ends=process`, or from outside) is a removed
 to answer, it is read as the loss of its slice (`injection.ProcessLost`), and a new actor holding the learner's book
 as of its last answer takes its place, down, to rejoin from Θ (the proxy keeps that book: each answer brings its
 figures and the rows added since); under the real clock one that does not answer by its deadline is hung, and killed.
-Refused with a named field (the run's config check): spares for learners of several slices that reconfigure (a
-spare that reaches a learner down, of one slice or restarting on several, gets a new actor made for its slices, the
-learner's book carried over; one growing onto it would carry its state there). With the data service
+A spare slice gets a new actor made for the learner's slices: one down (of one slice, or restarting on several)
+starts there from the book kept here; one that reconfigures and grows onto it is taken over there from its old actor,
+its state carried as its part of a checkpoint (`regroup`). With the data service
 (`data.assignment="service"`, also what lent slices use) the service stays here: a dispatch leases what the actor's
 stream will take and sends it along (runtime/data/service.py, Grants); the learner's leases are kept here as well,
 for a new actor to start from. A learner of lent capacity has an actor holding every slice it may be lent (one group
@@ -54,7 +54,7 @@ from runtime.faults import injection
 
 PyTree = Any
 
-_COMPILING = ("joined", "warm_up", "revive")  # the calls that start its processes or compile (a longer deadline)
+_COMPILING = ("joined", "warm_up", "revive", "take_over")  # the calls that start its processes or compile (a longer deadline)
 
 
 class _PartDone:
@@ -434,8 +434,17 @@ class RayLearner:
     self._call("reset", self._puts.shared(theta_host), version, now)
 
   def regroup(self, slices: tuple[int, ...], groups: list[list[Any]]) -> None:
-    del groups  # (the actor's own)
-    self._ask("move_to", slices, regroup=True)
+    """Onto another set of its slices, its state with it: in its actor, or, growing onto a slice its actor does not
+    hold (a spare), in a new actor made for the set, which takes the learner over from the old one (its part of a
+    checkpoint, carried through the object store): the same bits as a regroup in one process."""
+    if set(slices) <= set(self._made[0]):
+      self._ask("move_to", slices, regroup=True)
+      return
+    carried = self._ask("hand_over")
+    self._made = (tuple(slices), sum(len(group) for group in groups), *self._made[2:])
+    self._actor.kill()
+    self._actor = _Gang(self._ray, self._made, self.index, tuple(slices), False)
+    self._ask("take_over", carried, self._puts.newest(), tuple(slices))
 
   def fail(self, now: float, status: str = DOWN) -> Failure:
     """Its slice failed: in its actor as in process; a lost process is replaced (`_replaced`), its loss named in the
