@@ -151,10 +151,9 @@ class CrashPlan:
     self._armed = {m: self._schedule[i] for m, i in saved["armed"]}
     self._next = {(kind, i): at for kind, i, at in saved["next"]}
 
-  def armed_repair(self, learner: int) -> float | None:
-    """The repair seconds of the step-scheduled crash the learner's round is armed with (None: none given)."""
-    fault = self._armed.get(learner)
-    return fault.repair if fault is not None and fault.repair >= 0 else None
+  def armed(self, learner: int) -> Fault | None:
+    """The step-scheduled crash the learner's round is armed with, if any."""
+    return self._armed.get(learner)
 
   def fired(self, learner: int) -> None:
     """The learner crashed: the step-scheduled crash its round was armed with, if any, is spent."""

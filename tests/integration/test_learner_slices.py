@@ -89,6 +89,19 @@ def test_losing_one_slice_it_trains_on_with_the_other_and_grows_back_when_the_sl
   _assert_trained_everything(result)
 
 
+@pytest.mark.parametrize("clock", ["virtual", "real"])
+def test_a_crash_scheduled_at_an_inner_step_on_one_slice_takes_only_that_slice(two_slice_learners, clock):
+  """`step=` with `slice=`: the crash armed in the learner's program fails its slice 1 only, as a timed one does
+  (under the real clock its repair may outlast the run)."""
+  two_slice_learners.faults.schedule = "crash:learner=1,step=6,slice=1,repair=6"
+  two_slice_learners.clock.kind = clock
+  result = modes.train(two_slice_learners, None)[0]
+  faults = _faults(result)
+  assert [kind for kind, _, _ in faults][:1] == ["shrink"] and "crash" not in [f[0] for f in faults], faults
+  assert "on slices [2] of 2" in faults[0][2] and "inner step 6" in faults[0][2], faults
+  _assert_trained_everything(result)
+
+
 @pytest.mark.slow  # CI time (~21 s on the 2-core host); `pytest -m slow` runs it
 def test_a_compressed_learner_takes_its_theta_and_residual_along_when_it_shrinks_and_grows(two_slice_learners):
   """Regression: the uplink's Θ and error-feedback residual stayed on the old slice set (a JAX device error)."""

@@ -163,8 +163,14 @@ class SliceLifecycle:
     if injection.slice_lost(error):
       if learner.index in self._surfacing:  # the crash armed in it (real clock)
         self._crash_surfaced(learner, f", {where}: {injection.describe(error)}")
-      else:  # (a step-scheduled crash armed in it, under the real clock, brings its own repair time)
-        self.crash(learner, f"{where}: {injection.describe(error)}", self.crashes.armed_repair(learner.index))
+      else:  # (a step-scheduled crash armed in it, under the real clock: its repair time, and the slice it fails)
+        fault, why = self.crashes.armed(learner.index), f"{where}: {injection.describe(error)}"
+        repair = fault.repair if fault is not None and fault.repair >= 0 else None
+        if fault is not None and fault.slice >= 0 and self.run.slices_per_learner > 1:  # (one of its slices)
+          self._detail[learner.index] = f", {why}"
+          self._policy.learner_crashed(learner, fault.slice, repair)
+        else:
+          self.crash(learner, why, repair)
     else:
       self._stop(learner, f"{where}: {injection.describe(error)}", error)
 
