@@ -89,7 +89,7 @@ def test_losing_one_slice_it_trains_on_with_the_other_and_grows_back_when_the_sl
   _assert_trained_everything(result)
 
 
-@pytest.mark.parametrize("clock", ["virtual", "real"])
+@pytest.mark.parametrize("clock", [pytest.param("virtual", marks=pytest.mark.slow), "real"])  # (the defect: real)
 def test_a_crash_scheduled_at_an_inner_step_on_one_slice_takes_only_that_slice(two_slice_learners, clock):
   """`step=` with `slice=`: the crash armed in the learner's program fails its slice 1 only, as a timed one does
   (under the real clock its repair may outlast the run)."""

@@ -179,7 +179,7 @@ def test_under_the_real_clock_a_learner_of_two_slices_grows_onto_a_spare_in_a_ne
   del cluster
   config = _smoke("ray", "crash:learner=1,time=2,slice=1,repair=60")
   config.clock.kind, config.slices_per_learner, config.num_devices, config.slices = "real", 2, 5, 5
-  config.faults.spare_swap_seconds = config.faults.reconfig_seconds = 0.2
+  config.faults.spare_swap_seconds, config.faults.reconfig_seconds = 0.1, 0.3  # (the spare comes mid-reconfiguration)
   config.total_steps *= 2  # (time to train after the move: its new actor compiles first)
   run = modes.prepare(config)
   controller = Controller(run, Experiment(run), tmp_path, "decoupled")

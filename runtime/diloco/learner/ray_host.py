@@ -217,10 +217,12 @@ class LearnerHost:
     return (*self.snapshot(treedefs)[0], treedefs), self.figures()
 
   def take_over(self, carried: tuple, theta: "Theta", slices: tuple[int, ...]) -> tuple[None, dict]:
-    """This new actor, made for `slices`, takes over the learner its old actor packed (`hand_over`): restored on the
-    slices it had, then moved onto `slices` with its state, as its regroup moves it in one process."""
+    """This new actor, made for `slices` (where its learner is placed), takes over the learner its old actor packed
+    (`hand_over`): its programs compiled there first, as a revived actor's are; its state restored there, wherever
+    it was (mid-reconfiguration its set still names the slice it lost, which no actor holds now); then moved onto
+    `slices`, as a regroup in one process moves it (the same values: its arrays copied)."""
     saved, arrays, failed, treedefs = carried
-    self._learner.move_to(tuple(saved["slices"]), self.devices_of(tuple(saved["slices"])))
+    self.warm_up(theta)
     self.restore(saved, arrays, failed, treedefs, theta)
     return self.move_to(slices, regroup=True)
 

@@ -54,7 +54,8 @@ from runtime.faults import injection
 
 PyTree = Any
 
-_COMPILING = ("joined", "warm_up", "revive", "take_over")  # the calls that start its processes or compile (a longer deadline)
+# the calls that start its processes or compile (a longer deadline)
+_COMPILING = ("joined", "warm_up", "revive", "take_over")
 
 
 class _PartDone:
@@ -436,7 +437,8 @@ class RayLearner:
   def regroup(self, slices: tuple[int, ...], groups: list[list[Any]]) -> None:
     """Onto another set of its slices, its state with it: in its actor, or, growing onto a slice its actor does not
     hold (a spare), in a new actor made for the set, which takes the learner over from the old one (its part of a
-    checkpoint, carried through the object store): the same bits as a regroup in one process."""
+    checkpoint, carried through the controller): the same bits as a regroup in one process. The old actor ends
+    first (a slice's devices are one process's); should either be found ended, the learner is lost as a slice is."""
     if set(slices) <= set(self._made[0]):
       self._ask("move_to", slices, regroup=True)
       return
