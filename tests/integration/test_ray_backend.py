@@ -136,6 +136,18 @@ def test_compressed_reports_and_theta_cross_to_actors_bit_for_bit(cluster, tmp_p
   assert 0 < merge["bytes_up"] < 0.3 * fp32 * merge["num_merged"], merge
 
 
+@pytest.mark.slow  # CI time (~30 s), as the in-process prepared-data runs
+def test_learners_in_actors_read_a_prepared_dataset_from_its_files_as_in_process(cluster, tmp_path, prepared_dataset):
+  # A prepared dataset is read from its shards on demand (runtime/data/prepared.py): each actor's stream reopens the
+  # files (their paths and length index cross, not the tokens); through a crash, the in-process run bit for bit
+  del cluster
+  remote, result = _same_as_in_process(tmp_path, "crash:learner=1,time=25,repair=10",
+                                       **{"data.path": str(prepared_dataset), "data.assignment": "service"})
+  assert [r["fault"] for r in remote if r["kind"] == "fault"] == ["crash", "rejoin"]
+  assert result.params["embed"]["embedding"].shape[0] == 512  # (the manifest's vocabulary)
+  assert_data_accounted(result, seq_len=64)
+
+
 @pytest.mark.slow  # ~30 s (the same machinery as the whole-Θ test above; its real-clock kill is in the suite)
 def test_streaming_fragments_cross_to_actors_bit_for_bit(cluster, tmp_path):
   # fragments=5 with one overlap step: each report a fragment's tensors, each delivery one fragment's Θ
