@@ -386,11 +386,11 @@ class Learner:
     return Failure(self.slice_index, detail, part.tokens if part else 0, lost_seconds)
 
   def _await_inflight(self, now: float) -> str:
-    """Awaits the part in flight when its time is modeled, so that a device error an injector armed surfaces; what
-    happened, for the record. A part that ended as the failure fell (its modeled time out by `now`) is booked; one
-    the failure cuts off is not: its modeled time ran only to `now`."""
+    """Awaits a failing round whose time is modeled, so its device error surfaces; what happened, for the record.
+    A part that ended as the failure fell is booked; one the failure cuts off is not, as one never awaited is not (no
+    injector armed): its modeled time ran only to `now`."""
     part = self.inflight
-    if part is None or not part.modeled_seconds or (self.injector is None and part.modeled_end() > now):
+    if part is None or not part.modeled_seconds or self.injector is None:
       return ""
     try:
       if part.modeled_end() <= now:
