@@ -294,13 +294,22 @@ class RayLearner:
       self._figures = dict(figures, slices=(), slice_index=-1, parts=(), live_tokens=0, has_theta=False)
     return failure
 
-  def _new_actor(self, slices: tuple[int, ...], now: float, status: str, theta: Theta | None) -> None:
+  def _new_actor(self, slices: tuple[int, ...], now: float, status: str, theta: Theta | None,
+                 groups: list[list[Any]] | None = None) -> None:
     """The learner's actor (all of a gang: one only unavailable might come back, and the others are lost with it)
     ended, and a new one made on `slices` (or none) revived there from the book kept here: failed with `status`, or
-    kept (""), its programs compiled for `theta` first if given. Its answer is awaited at the next call."""
-    self._actor.kill()
-    self._actor = _Gang(self._ray, self._made, self.index, slices, False)
+    kept (""), its programs compiled for `theta` first if given (with `groups`: on a new set it holds, `_remade`).
+    Its answer is awaited at the next call."""
+    self._remade(slices, groups)
     self._starting = self._actor.call("revive", self._book.snapshot(), now, status, theta)
+
+  def _remade(self, slices: tuple[int, ...], groups: list[list[Any]] | None = None) -> None:
+    """Its actor ended and a new one made on `slices` (of those it holds, or with `groups`, each slice's devices:
+    the new set it holds from now on)."""
+    if groups is not None:
+      self._made = (tuple(slices), sum(len(group) for group in groups), *self._made[2:])
+    self._actor.kill()
+    self._actor = _Gang(self._ray, self._made, self.index, tuple(slices), False)
 
   def arm(self, how: str, *args, **kwargs) -> None:
     """Arms (or disarms) a crash in the actor's injector. A lost process has no program to arm; a new one starting
@@ -424,8 +433,7 @@ class RayLearner:
     if isinstance(slices, int):
       slices, devices = (slices,), [devices]
     if not set(slices) <= set(self._made[0]):
-      self._made = (tuple(slices), sum(len(group) for group in devices), *self._made[2:])
-      self._new_actor(tuple(slices), now, "", self._puts.newest())
+      self._new_actor(tuple(slices), now, "", self._puts.newest(), devices)
 
   def warm_up(self, theta_host: PyTree, host_sharding: Any, where: tuple | None = None) -> None:
     del host_sharding  # (the actor's own host)
@@ -443,9 +451,7 @@ class RayLearner:
       self._ask("move_to", slices, regroup=True)
       return
     carried = self._ask("hand_over")
-    self._made = (tuple(slices), sum(len(group) for group in groups), *self._made[2:])
-    self._actor.kill()
-    self._actor = _Gang(self._ray, self._made, self.index, tuple(slices), False)
+    self._remade(slices, groups)
     self._ask("take_over", carried, self._puts.newest(), tuple(slices))
 
   def fail(self, now: float, status: str = DOWN) -> Failure:
