@@ -109,6 +109,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.checkpoint_wall_seconds = 120.0
   # Newest checkpoints kept.
   config.checkpoint_keep = 3
+  # decoupled, diloco_sync: save each learner's inner state (parameters, AdamW moments, its round in flight) in
+  # checkpoints. False: Θ, the outer optimizer and the run's bookkeeping only, and a resumed run restarts every
+  # learner from Θ, writing off the work it had not merged (docs/checkpoints.md). dp saves its model's whole state.
+  config.checkpoint_learner_state = True
   # Run again in a workdir that holds this run: resume from its newest sound checkpoint (a different config is
   # refused, naming the fields). False: start afresh in a new run directory beside it; nothing is deleted.
   config.resume = True

@@ -43,7 +43,8 @@ HOST_TRANSFERS = ("auto", "pinned", "copy")  # reports and Θ to and from the ho
 # resumes whatever they are now.
 QUIET_FIELDS = ("progress", "tensorboard", "compile_cache", "backend", "ray.address", "ray.hang_seconds",
                 "ray.hang_factor", "ray.processes_per_learner", "checkpoint_every", "checkpoint_seconds",
-                "checkpoint_wall_seconds", "checkpoint_keep", "resume", "save_model_every", "host_transfers")
+                "checkpoint_wall_seconds", "checkpoint_keep", "checkpoint_learner_state", "resume", "save_model_every",
+                "host_transfers")
 # Fields a run resumes under whatever they are now: the quiet ones, and when it evaluates, what it logs and how many
 # batches its loader prepares ahead. Every other field changes the training, and a changed one is refused on resume.
 RESUMABLE_FIELDS = (*QUIET_FIELDS, "eval_every", "log_every", "data.prefetch")
@@ -200,6 +201,10 @@ class RunConfig:
   # last; 0 = none. Any of the three on also saves a final checkpoint
   checkpoint_wall_seconds: float = 0.0
   checkpoint_keep: int = 3  # newest checkpoints kept
+  # decoupled, diloco_sync: whether a checkpoint holds each learner's inner state (parameters, AdamW moments, the
+  # round in flight); False: Θ and the run's bookkeeping only, and a resume restarts every learner from Θ, its work
+  # not merged written off (dp saves its one model's state whatever this is)
+  checkpoint_learner_state: bool = True
   save_model_every: int = 0  # decoupled, diloco_sync: also save the model every this many merges; 0 = only at the end
   resume: bool = True  # the workdir holds this run: resume it; False: start afresh in a new run directory
 
@@ -462,6 +467,10 @@ def _validate(run: RunConfig) -> None:
   check(run.checkpoint_wall_seconds >= 0, "checkpoint_wall_seconds", run.checkpoint_wall_seconds,
         "a number >= 0 (0 = none)")
   check(run.checkpoint_keep >= 1, "checkpoint_keep", run.checkpoint_keep, "an integer >= 1")
+  check(run.checkpoint_learner_state or run.slices_per_learner == 1, "checkpoint_learner_state",
+        run.checkpoint_learner_state, f"True while slices_per_learner > 1 ({run.slices_per_learner}: a restart of a "
+        "learner of several slices from Θ at a resume is not built, and a Ray actor hands such a learner over to "
+        "another as its part of a checkpoint, state included)")
   check(run.save_model_every >= 0 and (run.save_model_every == 0 or run.mode in CHECKPOINT_MODES[1:]),
         "save_model_every", run.save_model_every, f"0, or merges >= 1 in modes {CHECKPOINT_MODES[1:]}")
   _validate_model(m)

@@ -24,7 +24,7 @@ from runtime.diloco.clock import Event, EventKind, make_clock
 from runtime.diloco.durability import Durability
 from runtime.diloco.learner import ray_learner
 from runtime.diloco.learner.learner import Learners
-from runtime.diloco.learner.lifecycle import DOWN, RECONFIGURING, TRAINING, WAITING
+from runtime.diloco.learner.lifecycle import DOWN, NOT_SAVED, RECONFIGURING, TRAINING, WAITING
 from runtime.diloco.ledger import Ledger
 from runtime.diloco.membership import Membership, make_data_service, make_learners
 from runtime.diloco.merge_schedule import IDLE, RUNNING, MergeSchedule
@@ -91,7 +91,8 @@ class Controller:
     self.membership = Membership(run, self.clock, self.learners, self.budget, self.slices, data_service, self.log)
     treedefs = dict(snapshot_lib.tree_kinds(theta, jax.eval_shape(lambda p: init_state(p, tx), theta),
                                             self.syncer.trees), outer=jax.tree.structure(self.syncer.opt_state))
-    parts = [("syncer", self.syncer), ("learners", Learners(self.learners, devices, self.syncer)),
+    self.learner_states = Learners(self.learners, devices, self.syncer)
+    parts = [("syncer", self.syncer), ("learners", self.learner_states),
              ("slices", self.slices), ("links", self.links), ("budget", self.budget),
              ("membership", self.membership), ("clock", self.clock), ("merges", self.merges), ("log", self.log)]
     self.durability = Durability(run, workdir, name, treedefs, self.host_sharding, self.clock, parts)
@@ -179,6 +180,9 @@ class Controller:
       self._warm_up()
     self.clock.resume()  # (the real clock's time starts here: set-up and compiles are not the run's)
     self.profile.start(self.learners)
+    if not start and self.learner_states.saved_without_state:
+      self.slices.restart_all(NOT_SAVED)
+      self.slices.crash_lost()
     if start:
       starting = self.learners[:self.run.learners]  # learners of lent capacity join when it is lent
       for learner in starting:  # every learner has Θ before any starts (no device waits for another's copy)

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from invariants import assert_ranges_tile
+from invariants import assert_data_accounted, assert_ranges_tile
 from runtime.cluster import devices as devices_lib
 from runtime.diloco.learner import learner as learner_lib
 from runtime.experiments import modes
@@ -56,7 +56,9 @@ def test_two_parts_in_flight_train_the_same_theta_as_one_at_a_time(tiny_config, 
 def test_the_queue_never_exceeds_two_parts_and_nothing_is_lost_or_merged_twice(tiny_config, tmp_path, monkeypatch,
                                                                               keep_training, receive):
   """keep_training: an overlap part is queued behind each overlap part until Θ comes; overwrite: Θ adopted behind a
-  part in flight voids that part (its tokens are written off and its data trained again)."""
+  part in flight voids that part (its tokens are written off and its data trained again). No window the data service
+  served reaches Θ twice, and every token merged is a merged window's: a report's data ends where its work does, not
+  after the parts queued behind it."""
   depths = []
   dispatch = learner_lib.Learner.dispatch
 
@@ -67,10 +69,12 @@ def test_the_queue_never_exceeds_two_parts_and_nothing_is_lost_or_merged_twice(t
 
   monkeypatch.setattr(learner_lib.Learner, "dispatch", recording)
   config = _overlapping(tiny_config, 2, keep_training, receive)
+  config.data.assignment = "service"
   result = modes.train(config, tmp_path)[0]
   assert max(depths) == 2 and depths.count(2) > len(depths) // 4
   assert result.tokens == config.total_steps * config.data.batch_size * config.data.seq_len
   assert_ranges_tile(result, learners=range(3))
+  assert_data_accounted(result, config.data.seq_len)
   merged = [m for r in _records(tmp_path) if r["kind"] == "merge" for m in r["merged"]]
   assert len(merged) == sum(1 for r in _records(tmp_path) if r["kind"] == "merge" for _ in r["losses"])
 

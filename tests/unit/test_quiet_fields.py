@@ -11,7 +11,8 @@ from runtime.errors import UsageError
 from runtime.reporting import provenance
 
 _CHANGED = {"progress": False, "tensorboard": False, "compile_cache": "", "backend": "pathways", "checkpoint_every": 7,
-            "checkpoint_seconds": 30.0, "checkpoint_wall_seconds": 60.0, "checkpoint_keep": 9, "resume": True,
+            "checkpoint_seconds": 30.0, "checkpoint_wall_seconds": 60.0, "checkpoint_keep": 9,
+            "checkpoint_learner_state": False, "resume": True,
             "save_model_every": 3, "ray.address": "auto", "ray.hang_seconds": 30.0, "ray.hang_factor": 4.0,
             "ray.processes_per_learner": 2, "host_transfers": "pinned"}
 

@@ -26,7 +26,8 @@ from runtime.diloco import round_plan
 from runtime.diloco.round_plan import MAIN, OVERLAP
 from runtime.diloco.sync.fragment_trees import LearnerFragments
 from runtime.diloco.learner.book import LearnerBook
-from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, FAILED, RECONFIGURING, STATE_LOST, TRAINING, WAITING
+from runtime.diloco.learner.lifecycle import (ABSENT, DONE, DOWN, FAILED, HOLDING_STATE, NOT_SAVED, RECONFIGURING,
+                                              STATE_LOST, TRAINING, WAITING)
 from runtime.diloco.sync.messages import Delivery, Report
 from runtime.diloco.sync.syncer import Syncer
 from runtime.diloco.learner.parts import PartQueue, RoundPart
@@ -255,9 +256,15 @@ class Learner:
     book = self.book
     fields = self.fragments.report(book.base_version, book.total_tokens, book.total_steps)
     return Report(self.index, params, book.tokens, book.steps, loss=book.last_loss, sent_at=now, **fields,
-                  data_start=book.round_start, data_end=self._data.position, busy_seconds=book.unreported_busy,
+                  data_start=book.round_start, data_end=self._trained_through(), busy_seconds=book.unreported_busy,
                   round=book.round, total_steps=book.total_steps, payload=payload,
                   base_mirror=self.downlink.key[0] if self.downlink else NO_MIRROR)
+
+  def _trained_through(self) -> dict:
+    """The data position its finished work ends at: a report's data ends there, not after the parts queued behind
+    its main part (their data is the next round's: trained again if their work is written off)."""
+    position = self._data.position
+    return dict(position, position=position["position"] - self.parts.live_steps())
 
   def live_bases(self) -> tuple[tuple[int, int], ...]:
     """The Θ it works from as its reports name them, (mirror, version): its base, or each fragment's."""
@@ -454,14 +461,18 @@ class Learner:
   def snapshot(self, packer: snapshot_lib.Packer) -> dict:
     """Everything that decides the learner's future; its device state is copied (the next round donates it)."""
     group = f"learner{self.index}"
-    lost = self.book.status in STATE_LOST or self.state is None
+    kept = self.run.checkpoint_learner_state  # (else a resume restarts it from Θ: SliceLifecycle.restart_all)
+    lost = self.book.status in STATE_LOST or self.state is None or not kept
     state = None if lost else snapshot_lib.copied(self.state)
+    parts = self.parts.snapshot(packer, group, with_state=kept)
     return dict(  # (the trees packed in this order: their arrays' keys are numbered as they come)
         self.book.snapshot(), fragments=self.fragments.snapshot(), slice_index=self.slice_index,
         slices=list(self.slices), data=self._data.position,
         leases=None if self.leased is None else self.leased.snapshot(), state=packer.tree(state, "train", group),
-        inbox=packer.value(self.inbox), at_report=packer.tree(self._at_report, "params", group),
-        **self.parts.snapshot(packer, group), captured=self._capture.snapshot(packer, group),
+        state_saved=kept,
+        inbox=packer.value(self.inbox if kept else None),
+        at_report=packer.tree(self._at_report if kept else None, "params", group),
+        **parts, captured=self._capture.snapshot(packer, group) if kept else None,
         uplink=self.uplink.snapshot(packer, group) if self.uplink and state is not None else None,  # else reset with Θ
         downlink=self.downlink.snapshot(packer, group) if self.downlink and state is not None else None)
 
@@ -477,6 +488,8 @@ class Learner:
     self.inbox = unpacker.value(saved["inbox"])
     group = f"learner{self.index}"
     failure = unpacker.failed.get(group, "")  # its program failed before the snapshot could copy its state
+    if not saved.get("state_saved", True) and self.book.status in HOLDING_STATE and not failure:
+      failure = NOT_SAVED  # (checkpoint_learner_state=False: its parts in flight are lost with its state)
     self.state = self._at_report = None
     kept, before = saved["state"] is not None and not failure, saved["before"]
     like = self._init(tree_transfer.copy_to(theta_host, self.param_sharding), 0) if kept or before else None
@@ -491,6 +504,8 @@ class Learner:
     # (a learner never placed, e.g. not yet lent, has no part in flight and no mesh)
     self.parts.restore(saved, unpacker, group, self.state, getattr(self, "mesh", None), failure, like)
     self._capture.restore(saved.get("captured"), unpacker, group)
+    if failure == NOT_SAVED and self.book.status == DONE and self.slices:  # should budget come back, it adopts Θ
+      self.state = self._init(tree_transfer.copy_to(theta_host, self.param_sharding), self.book.total_steps)
 
   def close(self) -> None:
     self._data.close()
@@ -501,12 +516,15 @@ class Learners:
 
   def __init__(self, learners: list[Learner], devices: list[list[jax.Device]], syncer: Syncer):
     self._learners, self._devices, self._syncer = learners, devices, syncer
+    # restored from a checkpoint saved without their inner state (checkpoint_learner_state=False): they restart
+    self.saved_without_state = False
 
   def snapshot(self, packer: snapshot_lib.Packer) -> list[dict]:
     return [learner.snapshot(packer) for learner in self._learners]
 
   def restore(self, saved: list[dict], unpacker: snapshot_lib.Unpacker) -> None:
     """Each learner moved to its saved slices first, then given its state (its trees laid out like Θ there)."""
+    self.saved_without_state = not all(mine.get("state_saved", True) for mine in saved)
     for learner, mine in zip(self._learners, saved):
       slices = tuple(mine["slices"])
       if slices and slices != learner.slices:

@@ -10,6 +10,10 @@ FAILED = "failed"  # stopped for good by a program error that is no lost slice: 
 RECONFIGURING = "reconfiguring"  # a learner of several slices moving onto fewer or more of them (it keeps its state)
 
 STATE_LOST = (DOWN, FAILED)  # its device state is gone (a checkpoint saves none)
+HOLDING_STATE = (TRAINING, WAITING, RECONFIGURING, DONE)  # it has its device state (a DONE one may not: DOWN before)
+# Why a learner resumed from a checkpoint saved without the learners' inner state (checkpoint_learner_state=False)
+# has none, and its parts in flight are lost: it restarts from Θ (SliceLifecycle.restart_all)
+NOT_SAVED = "its inner state was not checkpointed"
 OUT = (DOWN, DONE, FAILED, ABSENT)  # it cannot report (the quorum counts the others)
 
 # status -> the statuses it may move to; every one ends DONE with the run. A move to the status it has closes its

@@ -87,6 +87,11 @@ class PartQueue:
     """Tokens of the parts in flight that are not void."""
     return sum(part.tokens for part in self._parts[self._void:])
 
+  def live_steps(self) -> int:
+    """Inner steps of the parts in flight that are not void: the batches they took past the data they follow (a
+    void part's were served again from before it)."""
+    return sum(part.steps for part in self._parts[self._void:])
+
   def void_all(self) -> None:
     """An adopted Θ replaced what every part in flight trains on."""
     self._void = len(self._parts)
@@ -102,9 +107,10 @@ class PartQueue:
       ends = part.ends_at(seconds_per_step, ends)
     return ends
 
-  def snapshot(self, packer: snapshot_lib.Packer, group: str) -> dict:
-    """The oldest part under the checkpoint's old key `inflight`, those queued behind it, and the timeline."""
-    return dict(before=pack_before(self.before, packer, group),
+  def snapshot(self, packer: snapshot_lib.Packer, group: str, with_state: bool = True) -> dict:
+    """The oldest part under the checkpoint's old key `inflight`, those queued behind it, and the timeline; the
+    state before the oldest if it is kept (and `with_state`: the learner's state is saved)."""
+    return dict(before=pack_before(self.before if with_state else None, packer, group),
                 inflight=pack_part(self._parts[0] if self._parts else None, packer, group),
                 queued=[pack_part(p, packer, group) for p in self._parts[1:]], void=self._void,
                 device=self.device.snapshot())

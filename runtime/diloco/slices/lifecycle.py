@@ -8,6 +8,7 @@ Lent slices come after the owned ones, at [num_slices, num_slices + lent): they 
 learners, and a lent learner that crashes waits for its own slice's repair, unless the slice is reclaimed first.
 """
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Sequence
 
@@ -21,7 +22,7 @@ from runtime.config.run import RunConfig
 from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
 from runtime.diloco.learner.interface import Failure, LearnerPort
-from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, FAILED
+from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, FAILED, TRAINING, WAITING
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.sync.syncer import Syncer
 from runtime.diloco.theta_post import ThetaPost
@@ -142,6 +143,17 @@ class SliceLifecycle:
                      (fault, learner.index, why + failure.detail if how else why))
     self.forget_work(learner.index)
     return failure
+
+  def restart_all(self, why: str) -> None:
+    """Every learner that was training or waiting for Θ restarts from the current Θ on the slice it holds (a resume
+    from a checkpoint saved without their inner state: checkpoint_learner_state=False): its work not merged is
+    written off (record `restart`), and it rejoins (record `rejoin`) once the reports it sent are settled."""
+    # (chosen first: a write-off brings a finished learner back to wait for Θ, which is no restart)
+    for learner in [l for l in self.learners if l.status in (TRAINING, WAITING)]:
+      where = learner.slice_index
+      self.remove(learner, DOWN, "restart", why, how=False)
+      with contextlib.suppress(injection.ProcessLost):  # (its process found ended: crashed next, crash_lost)
+        self._policy.rejoin(learner, where)
 
   def pull_theta(self, learner: LearnerPort) -> None:
     """A learner (re)starting from Θ (rejoin, join) pulls it whole; its first round starts when it has arrived."""

@@ -1,0 +1,95 @@
+"""Checkpoints without the learners' inner state (checkpoint_learner_state=False): Θ, the outer optimizer and the
+run's bookkeeping only; a resumed run restarts every learner from Θ, writes off the work it had not merged, and
+still trains its budget with every window of data merged once."""
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from invariants import assert_data_accounted
+from runtime.errors import ConfigError
+from runtime.experiments import modes
+from test_resume import _Killed, _kill_at, _newest_sound_meta
+
+KILLED_AT = 4  # the run dies as it is about to save the checkpoint of merge 4: it resumes from merge 3
+
+
+@pytest.fixture
+def stateless(tiny_config):
+  """Two learners, K=1 with an overlap step (parts in flight and reports in transit at every merge), a crash before
+  the checkpoint it resumes from, and the data service (so that every window is accounted for)."""
+  tiny_config.learners, tiny_config.outer.quorum = 2, 1
+  tiny_config.inner_steps, tiny_config.overlap_steps = 2, 1
+  tiny_config.total_steps = 24
+  tiny_config.clock.latency_s = 0.3
+  tiny_config.data.assignment = "service"
+  tiny_config.faults.schedule = "crash:learner=1,time=2,repair=1"
+  tiny_config.checkpoint_every = 1
+  tiny_config.checkpoint_learner_state = False
+  return tiny_config
+
+
+def _records(run_dir) -> list[dict]:
+  return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _killed(config, workdir):
+  with pytest.MonkeyPatch.context() as patch:
+    _kill_at(patch, KILLED_AT)
+    with pytest.raises(_Killed):
+      modes.train(config, workdir)
+
+
+def test_a_run_resumed_without_its_learners_state_restarts_them_from_theta_and_trains_its_budget(stateless, tmp_path):
+  whole = modes.train(stateless, tmp_path / "whole")[0]
+  _killed(stateless, tmp_path / "killed")
+  meta = _newest_sound_meta(tmp_path / "killed")
+  assert meta["merges_done"] == KILLED_AT - 1
+  # Nothing of a learner's device state is saved: its arrays are its parts' per-step losses alone
+  for m, learner in enumerate(meta["learners"]):
+    assert learner["state_saved"] is False and learner["state"] is None and learner["at_report"] is None and learner["captured"] is None, m
+    assert {k for k in meta["arrays"] if k.startswith(f"learner{m}")} <= {
+        k for p in (learner["inflight"], *learner["queued"]) if p for k in p["metrics"]["keys"]}, m
+  training = [m for m, learner in enumerate(meta["learners"]) if learner["status"] in ("training", "waiting")]
+  assert training == [0, 1]
+  shutil.copytree(tmp_path / "killed", tmp_path / "again")  # (to resume a second time from the same checkpoint)
+  resumed = modes.train(stateless, tmp_path / "killed")[0]
+  # Each learner restarts from Θ as the run resumes, at the checkpoint's time, its unmerged work written off
+  faults = [r for r in _records(tmp_path / "killed" / "decoupled") if r.get("fault")]
+  restarts = [f for f in faults if f["fault"] == "restart"]
+  assert [f["learner"] for f in restarts] == training
+  assert {f["time"] for f in restarts} == {meta["clock"]["now"]}
+  rejoins = {f["learner"] for f in faults if f["fault"] == "rejoin" and f["time"] >= meta["clock"]["now"]}
+  assert rejoins == set(training)
+  # The budget is trained all the same, every window merged once, and the loss falls on after the restart
+  assert resumed.tokens == whole.tokens
+  assert_data_accounted(resumed, stateless.data.seq_len)
+  evals = [r["eval_loss"] for r in _records(tmp_path / "killed" / "decoupled") if "eval_loss" in r]
+  assert resumed.final_eval_loss == evals[-1] < evals[0] - 0.5
+  # Resumed again from the same checkpoint: the same bits (the virtual clock's promise)
+  again = modes.train(stateless, tmp_path / "again")[0]
+  for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(again.params), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_checkpoints_without_learner_state_are_refused_for_learners_of_several_slices(tiny_config, tmp_path):
+  tiny_config.learners, tiny_config.num_devices, tiny_config.slices_per_learner = 2, 4, 2
+  tiny_config.checkpoint_learner_state = False
+  with pytest.raises(ConfigError, match="checkpoint_learner_state.*slices_per_learner"):
+    modes.train(tiny_config, tmp_path)
+
+
+def test_under_the_real_clock_a_run_resumed_without_its_learners_state_trains_its_budget(stateless, tmp_path):
+  stateless.clock.kind = "real"
+  stateless.faults.schedule = ""
+  _killed(stateless, tmp_path)
+  meta = _newest_sound_meta(tmp_path)
+  training = [m for m, learner in enumerate(meta["learners"]) if learner["status"] in ("training", "waiting")]
+  resumed = modes.train(stateless, tmp_path)[0]
+  restarts = [r for r in _records(tmp_path / "decoupled") if r.get("fault") == "restart"]
+  assert training and [f["learner"] for f in restarts] == training
+  assert resumed.tokens == modes.prepare(stateless).token_budget
+  assert_data_accounted(resumed, stateless.data.seq_len)
