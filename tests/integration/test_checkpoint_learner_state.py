@@ -43,7 +43,12 @@ def _killed(config, workdir):
       modes.train(config, workdir)
 
 
-def test_a_run_resumed_without_its_learners_state_restarts_them_from_theta_and_trains_its_budget(stateless, tmp_path):
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.slow)])  # (ray: ~1 min)
+def test_a_run_resumed_without_its_learners_state_restarts_them_from_theta_and_trains_its_budget(stateless, tmp_path,
+                                                                                                 backend):
+  if backend == "ray":
+    pytest.importorskip("ray")
+  stateless.backend = backend
   whole = modes.train(stateless, tmp_path / "whole")[0]
   _killed(stateless, tmp_path / "killed")
   meta = _newest_sound_meta(tmp_path / "killed")
