@@ -467,10 +467,6 @@ def _validate(run: RunConfig) -> None:
   check(run.checkpoint_wall_seconds >= 0, "checkpoint_wall_seconds", run.checkpoint_wall_seconds,
         "a number >= 0 (0 = none)")
   check(run.checkpoint_keep >= 1, "checkpoint_keep", run.checkpoint_keep, "an integer >= 1")
-  check(run.checkpoint_learner_state or run.slices_per_learner == 1, "checkpoint_learner_state",
-        run.checkpoint_learner_state, f"True while slices_per_learner > 1 ({run.slices_per_learner}: a restart of a "
-        "learner of several slices from Θ at a resume is not built, and a Ray actor hands such a learner over to "
-        "another as its part of a checkpoint, state included)")
   check(run.save_model_every >= 0 and (run.save_model_every == 0 or run.mode in CHECKPOINT_MODES[1:]),
         "save_model_every", run.save_model_every, f"0, or merges >= 1 in modes {CHECKPOINT_MODES[1:]}")
   _validate_model(m)

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from invariants import assert_data_accounted
-from runtime.errors import ConfigError
 from runtime.experiments import modes
 from test_resume import _Killed, _kill_at, _newest_sound_meta
 
@@ -80,11 +79,27 @@ def test_a_run_resumed_without_its_learners_state_restarts_them_from_theta_and_t
     np.testing.assert_array_equal(a, b)
 
 
-def test_checkpoints_without_learner_state_are_refused_for_learners_of_several_slices(tiny_config, tmp_path):
-  tiny_config.learners, tiny_config.num_devices, tiny_config.slices_per_learner = 2, 4, 2
-  tiny_config.checkpoint_learner_state = False
-  with pytest.raises(ConfigError, match="checkpoint_learner_state.*slices_per_learner"):
-    modes.train(tiny_config, tmp_path)
+def test_learners_of_several_slices_restart_on_the_slices_they_hold(stateless, tmp_path):
+  """Learner 1 loses one of its two slices at t=2 and trains on the other (reconfigure); a spare reaches it at t=5
+  and it is moving onto it at the checkpoint: the resume restarts each learner on the slices it holds then."""
+  stateless.num_devices = stateless.slices = 5  # slices 0-1 learner 0's, 2-3 learner 1's, 4 a spare
+  stateless.slices_per_learner = 2
+  stateless.faults.schedule = "crash:learner=1,time=2,slice=1,repair=30"
+  stateless.faults.spare_swap_seconds = 3.0
+  _killed(stateless, tmp_path)
+  meta = _newest_sound_meta(tmp_path)
+  training = [m for m, learner in enumerate(meta["learners"])
+              if learner["status"] in ("training", "waiting", "reconfiguring")]
+  held = {m: learner["slices"] for m, learner in enumerate(meta["learners"])}
+  assert training == [0, 1] and held[0] == [0, 1]
+  assert meta["learners"][1]["status"] == "reconfiguring"  # (onto [2, 4]: the spare came at t=5, the move takes 8 s)
+  resumed = modes.train(stateless, tmp_path)[0]
+  faults = [r for r in _records(tmp_path / "decoupled") if r.get("fault")]
+  assert [f["learner"] for f in faults if f["fault"] == "restart"] == training
+  rejoins = {f["learner"]: f["detail"] for f in faults if f["fault"] == "rejoin" and f["time"] == meta["clock"]["now"]}
+  assert rejoins == {0: "on slices [0, 1]", 1: "on slices [2, 4]"}, faults
+  assert resumed.tokens == modes.prepare(stateless).token_budget
+  assert_data_accounted(resumed, stateless.data.seq_len)
 
 
 def test_under_the_real_clock_a_run_resumed_without_its_learners_state_trains_its_budget(stateless, tmp_path):
@@ -96,5 +111,25 @@ def test_under_the_real_clock_a_run_resumed_without_its_learners_state_trains_it
   resumed = modes.train(stateless, tmp_path)[0]
   restarts = [r for r in _records(tmp_path / "decoupled") if r.get("fault") == "restart"]
   assert training and [f["learner"] for f in restarts] == training
+  assert resumed.tokens == modes.prepare(stateless).token_budget
+  assert_data_accounted(resumed, stateless.data.seq_len)
+
+
+@pytest.mark.slow  # ~25 s
+def test_learners_of_lent_slices_restart_on_their_lent_slice_and_the_budget_is_trained(stateless, tmp_path):
+  stateless.num_devices, stateless.rounds.length = 4, "steps"
+  stateless.capacity.schedule = "lend:slices=2,time=2,duration=100"  # learners 2 and 3 on slices 2 and 3
+  stateless.faults.schedule = ""
+  _killed(stateless, tmp_path)
+  meta = _newest_sound_meta(tmp_path)
+  training = [m for m, learner in enumerate(meta["learners"]) if learner["status"] in ("training", "waiting")]
+  assert {2, 3} <= set(training)
+  resumed = modes.train(stateless, tmp_path)[0]
+  faults = [r for r in _records(tmp_path / "decoupled") if r.get("fault")]
+  assert [f["learner"] for f in faults if f["fault"] == "restart"] == training
+  assert {f["detail"] for f in faults if f["fault"] == "rejoin" and f["learner"] in (2, 3)} >= {"on slice 2",
+                                                                                                 "on slice 3"}
+  assert {m for r in _records(tmp_path / "decoupled") if r["kind"] == "merge" and r["time"] > meta["clock"]["now"]
+          for m in r["merged"]} == {0, 1, 2, 3}
   assert resumed.tokens == modes.prepare(stateless).token_budget
   assert_data_accounted(resumed, stateless.data.seq_len)

@@ -149,6 +149,23 @@ def test_failing_drops_the_round_in_flight_and_rejoining_resumes_after_the_last_
   assert learner.report(12.0).data_start["position"] == 3
 
 
+def test_a_report_taken_with_a_part_queued_behind_it_ends_its_data_where_its_work_does(setup):
+  """Two parts in flight: the overlap part is dispatched before the main part's report is taken; the report's data
+  ends with the main part, so a failure writing off the overlap work serves that data again."""
+  _, learner, host, theta, devices = setup
+  learner.dispatch("main", 3, 0.0, 3.0)
+  learner.dispatch("overlap", 2, 0.5, 2.0)  # queued behind the main part
+  learner.collect(3.0)
+  sent = learner.report(3.0)
+  assert (sent.data_start["position"], sent.data_end["position"], sent.tokens) == (0, 3, 3 * 16 * 32)
+  learner.report_sent(sent)
+  assert learner.fail(4.0).unmerged_tokens == 2 * 16 * 32
+  learner.report_settled(sent, merged=True)
+  learner.rejoin(0, devices, theta, 1, 5.0)
+  _part(learner, "main", 3, 5.0)
+  assert learner.report(8.0).data_start["position"] == 3  # the overlap part's data (3, 5) is served again
+
+
 def test_a_quarantined_reports_data_is_trained_again(setup):
   _, learner, host, theta, _ = setup
   _part(learner, "main", 3, 0.0)
@@ -182,7 +199,7 @@ def test_a_snapshot_restores_into_a_fresh_learner_its_book_state_and_part_in_fli
   packer = snapshot_lib.Packer((), treedefs, messages.CODECS)
   saved = json.loads(json.dumps(learner.snapshot(packer)))  # (as the controller's checkpoint copies it)
   device_keys = {"fragments", "slice_index", "slices", "data", "before", "leases", "state", "inbox", "at_report",
-                 "inflight", "uplink", "downlink", "queued", "void", "device", "captured"}
+                 "inflight", "uplink", "downlink", "queued", "void", "device", "captured", "state_saved"}
   assert set(saved) == KEYS_BEFORE_THE_BOOK | device_keys  # checkpoints written before the book load
   unpacker = snapshot_lib.Unpacker(*snapshot_lib.fetch(packer.groups), (), treedefs, host, messages.CODECS)
   fresh = Learner(0, 0, devices, run, Experiment(run).shard(0, 1, run.data.batch_size))

@@ -458,10 +458,11 @@ class Learner:
     """Lent a slice that is in repair: it is down until the slice is back."""
     self._move(DOWN, now)
 
-  def snapshot(self, packer: snapshot_lib.Packer) -> dict:
-    """Everything that decides the learner's future; its device state is copied (the next round donates it)."""
+  def snapshot(self, packer: snapshot_lib.Packer, with_state: bool | None = None) -> dict:
+    """Everything that decides the learner's future; its device state is copied (the next round donates it), unless
+    `with_state` (default: checkpoint_learner_state) is False: a resume restarts it from Θ (SliceLifecycle.restart_all)."""
     group = f"learner{self.index}"
-    kept = self.run.checkpoint_learner_state  # (else a resume restarts it from Θ: SliceLifecycle.restart_all)
+    kept = self.run.checkpoint_learner_state if with_state is None else with_state
     lost = self.book.status in STATE_LOST or self.state is None or not kept
     state = None if lost else snapshot_lib.copied(self.state)
     parts = self.parts.snapshot(packer, group, with_state=kept)

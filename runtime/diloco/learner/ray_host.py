@@ -194,11 +194,13 @@ class LearnerHost:
     getattr(self._injector, how)(*args, **kwargs)
     return None, self.figures()
 
-  def snapshot(self, treedefs: dict) -> tuple[tuple[dict, dict[str, np.ndarray], dict[str, str]], dict]:
+  def snapshot(self, treedefs: dict, with_state: bool | None = None) -> tuple[tuple[dict, dict[str, np.ndarray],
+                                                                              dict[str, str]], dict]:
     """The learner's part of a checkpoint, packed here: its JSON, its arrays on the host, and the groups whose
-    program failed (the controller's packer takes them in: snapshot.Packer.fetched)."""
+    program failed (the controller's packer takes them in: snapshot.Packer.fetched); its state as Learner.snapshot
+    says (`with_state`)."""
     packer = snapshot_lib.Packer(self._schedule, treedefs, messages.CODECS)
-    saved = self._learner.snapshot(packer)
+    saved = self._learner.snapshot(packer, with_state)
     arrays, failed = snapshot_lib.fetch(packer.groups)
     return (saved, arrays, failed), self.figures()
 
@@ -214,7 +216,7 @@ class LearnerHost:
     kinds of its trees to unpack them by (its state's: a learner that reconfigures has one)."""
     state = self._learner.state
     treedefs = snapshot_lib.tree_kinds(state.params, state, self._learner.fragments)
-    return (*self.snapshot(treedefs)[0], treedefs), self.figures()
+    return (*self.snapshot(treedefs, with_state=True)[0], treedefs), self.figures()
 
   def take_over(self, carried: tuple, theta: "Theta", slices: tuple[int, ...]) -> tuple[None, dict]:
     """This new actor, made for `slices` (where its learner is placed), takes over the learner its old actor packed

@@ -502,8 +502,8 @@ class RayLearner:
     return self._leased.snapshot() if self._leased is not None else []
 
   # Checkpoints: the actor packs its part, the controller's packer takes it in under the learner's own keys
-  def snapshot(self, packer: snapshot_lib.Packer) -> dict:
-    saved, arrays, failed = self._ask("snapshot", packer.treedefs)
+  def snapshot(self, packer: snapshot_lib.Packer, with_state: bool | None = None) -> dict:
+    saved, arrays, failed = self._ask("snapshot", packer.treedefs, with_state)
     return packer.fetched(saved, arrays, failed, prefix=f"learner{self.index}:")
 
   def restore(self, saved: dict, unpacker: snapshot_lib.Unpacker, theta_host: PyTree) -> None:

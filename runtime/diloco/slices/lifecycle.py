@@ -22,7 +22,7 @@ from runtime.config.run import RunConfig
 from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
 from runtime.diloco.learner.interface import Failure, LearnerPort
-from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, FAILED, TRAINING, WAITING
+from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, FAILED, RECONFIGURING, TRAINING, WAITING
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.sync.syncer import Syncer
 from runtime.diloco.theta_post import ThetaPost
@@ -145,15 +145,13 @@ class SliceLifecycle:
     return failure
 
   def restart_all(self, why: str) -> None:
-    """Every learner that was training or waiting for Θ restarts from the current Θ on the slice it holds (a resume
-    from a checkpoint saved without their inner state: checkpoint_learner_state=False): its work not merged is
-    written off (record `restart`), and it rejoins (record `rejoin`) once the reports it sent are settled."""
+    """Every learner that was training, waiting for Θ or reconfiguring restarts from the current Θ on the slices it
+    holds (a resume from a checkpoint saved without their inner state: checkpoint_learner_state=False): its work not
+    merged is written off (record `restart`), and it rejoins (record `rejoin`) once the reports it sent are settled."""
     # (chosen first: a write-off brings a finished learner back to wait for Θ, which is no restart)
-    for learner in [l for l in self.learners if l.status in (TRAINING, WAITING)]:
-      where = learner.slice_index
-      self.remove(learner, DOWN, "restart", why, how=False)
-      with contextlib.suppress(injection.ProcessLost):  # (its process found ended: crashed next, crash_lost)
-        self._policy.rejoin(learner, where)
+    for learner in [l for l in self.learners if l.status in (TRAINING, WAITING, RECONFIGURING)]:
+      with contextlib.suppress(injection.ProcessLost):  # (its process found ended: crashed next, by crash_lost)
+        self._policy.restart(learner, why)
 
   def pull_theta(self, learner: LearnerPort) -> None:
     """A learner (re)starting from Θ (rejoin, join) pulls it whole; its first round starts when it has arrived."""

@@ -40,6 +40,12 @@ class OneSlice:
     if not slices.is_lent_slice(failure.slice_index):  # a lent learner waits for its own slice's repair
       slices.ask_for_slice(m)
 
+  def restart(self, learner: LearnerPort, why: str) -> None:
+    """The learner goes down and comes back from Θ on its slice, with no repair (SliceLifecycle.restart_all)."""
+    where = learner.slice_index
+    self._slices.remove(learner, DOWN, "restart", why, how=False)
+    self.rejoin(learner, where)
+
   def stopped(self, learner: LearnerPort, failure: Failure) -> None:
     del learner
     if not self._slices.is_lent_slice(failure.slice_index):
