@@ -460,7 +460,7 @@ class Learner:
 
   def snapshot(self, packer: snapshot_lib.Packer, with_state: bool | None = None) -> dict:
     """Everything that decides the learner's future; its device state is copied (the next round donates it), unless
-    `with_state` (default: checkpoint_learner_state) is False: a resume restarts it from Θ (SliceLifecycle.restart_all)."""
+    `with_state` (default: checkpoint_learner_state) is False: a resume restarts it from Θ (restart_all)."""
     group = f"learner{self.index}"
     kept = self.run.checkpoint_learner_state if with_state is None else with_state
     lost = self.book.status in STATE_LOST or self.state is None or not kept

@@ -66,12 +66,12 @@ class SeveralSlices:
   def restart(self, learner: LearnerPort, why: str) -> None:
     """The learner goes down and comes back from Θ on the slices it holds, with no repair (SliceLifecycle.restart_all;
     one reconfiguring onto fewer or more ends its move there)."""
-    self._go_down(learner, why, "restart")
+    self._go_down(learner, why, "restart", how=False)
     self._rejoin_when_ready(learner)
 
-  def _go_down(self, learner: LearnerPort, why: str, fault: str = "crash") -> None:
+  def _go_down(self, learner: LearnerPort, why: str, fault: str = "crash", how: bool = True) -> None:
     m = learner.index
-    self._slices.remove(learner, DOWN, fault, why, how=fault == "crash")
+    self._slices.remove(learner, DOWN, fault, why, how)
     self._clock.cancel(lambda e: e.learner == m and e.kind == EventKind.RECONFIGURED)
 
   def _shrink(self, learner: LearnerPort, why: str) -> None:
