@@ -1,6 +1,6 @@
 """Checkpoints without the learners' inner state (checkpoint_learner_state=False): Θ, the outer optimizer and the
 run's bookkeeping only; a resumed run restarts every learner from Θ, writes off the work it had not merged, and
-still trains its budget with every window of data merged once."""
+still trains its budget, no window of data lost or merged twice."""
 
 import json
 import shutil
