@@ -16,6 +16,10 @@ _INPUT = flags.DEFINE_string("input", _DEFAULTS.input, "Text to prepare: 'stdlib
 _TOKENIZERS = flags.DEFINE_list("tokenizers", list(_DEFAULTS.tokenizers), "Tokenizers to prepare with.")
 _VOCAB_SIZE = flags.DEFINE_integer("vocab_size", _DEFAULTS.vocab_size, "Vocabulary of the sentencepiece tokenizer.")
 _WORKERS = flags.DEFINE_integer("workers", _DEFAULTS.workers, "Preparation worker processes.")
+_RECORD_TOKENS = flags.DEFINE_list("record_tokens", [str(t) for t in _DEFAULTS.record_tokens],
+                                   "Most tokens per record; each value a preparation of its own.")
+_DOCUMENT_BYTES = flags.DEFINE_integer("document_bytes", _DEFAULTS.document_bytes,
+                                       "If > 0, the input's files joined into documents of at least this many bytes.")
 _BATCHES = flags.DEFINE_integer("batches", _DEFAULTS.batches, "Batches served per learner per measurement.")
 _ROUNDS = flags.DEFINE_integer("rounds", _DEFAULTS.rounds, "Timed rounds per learner of the learners' programs.")
 
@@ -25,7 +29,8 @@ def main(argv: list[str]) -> None:
   tokenizers = cli.choices("tokenizers", _TOKENIZERS.value, ("byte", "sentencepiece"))
   cli.guarded(lambda: bench.run(_CONFIG.value, bench.LoaderBenchConfig(
       input=_INPUT.value, tokenizers=tuple(tokenizers), vocab_size=_VOCAB_SIZE.value, workers=_WORKERS.value,
-      batches=_BATCHES.value, rounds=_ROUNDS.value)))
+      record_tokens=tuple(cli.integers("record_tokens", _RECORD_TOKENS.value)),
+      document_bytes=_DOCUMENT_BYTES.value, batches=_BATCHES.value, rounds=_ROUNDS.value)))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ _SKIP_BAD_LINES = flags.DEFINE_boolean("skip_bad_lines", _D.skip_bad_lines,
 _EVAL_FRACTION = flags.DEFINE_float("eval_fraction", _D.eval_fraction,
                                     "Share of documents held out for evaluation, chosen by a hash of each.")
 _SHARD_BYTES = flags.DEFINE_integer("shard_bytes", _D.shard_bytes, "Input bytes per shard (a unit of work).")
+_RECORD_TOKENS = flags.DEFINE_integer("record_tokens", _D.record_tokens,
+                                      "Most tokens of a document per record (a window reads at most this much more).")
 _WORKERS = flags.DEFINE_integer("workers", _D.workers, "Processes that tokenize shards in parallel.")
 _PROGRESS = flags.DEFINE_boolean("progress", _D.progress, "Show a progress bar.")
 
@@ -43,7 +45,7 @@ def main(argv: list[str]) -> None:
       input=_INPUT.value, output=_OUTPUT.value, tokenizer=_TOKENIZER.value, vocab_size=_VOCAB_SIZE.value,
       sentencepiece_type=_SENTENCEPIECE_TYPE.value, text_field=_TEXT_FIELD.value,
       skip_bad_lines=_SKIP_BAD_LINES.value, eval_fraction=_EVAL_FRACTION.value, shard_bytes=_SHARD_BYTES.value,
-      workers=_WORKERS.value, progress=_PROGRESS.value,
+      record_tokens=_RECORD_TOKENS.value, workers=_WORKERS.value, progress=_PROGRESS.value,
       command=shlex.join(["python", "-m", "launch.prepare_data", *sys.argv[1:]]))
   print(prepare_lib.summary(cli.guarded(prepare_lib.prepare, cfg), cfg.output))
 

@@ -28,6 +28,8 @@ class LoaderBenchConfig:
   tokenizers: tuple[str, ...] = ("byte", "sentencepiece")
   vocab_size: int = 32768  # of the sentencepiece tokenizer
   workers: int = 2
+  record_tokens: tuple[int, ...] = (prepare.RECORD_TOKENS,)  # each a preparation (and rows) of its own
+  document_bytes: int = 0  # > 0: the input's files joined into documents of at least this many bytes first
   batches: int = 400  # per learner, per measurement
   rounds: int = 4  # timed rounds per learner of the consumption measurement
 
@@ -41,18 +43,38 @@ def run(config: ml_collections.ConfigDict, bench: LoaderBenchConfig) -> list[dic
   consumed = throughput.hand_learners_tokens_per_second(run_cfg, Experiment(run_cfg), bench.rounds)
   print(f"learners consume {consumed:,.0f} tokens/s ({run_cfg.learners} learners of the {config.model.size} "
         f"model, batch {run_cfg.data.batch_size}, seq_len {run_cfg.data.seq_len}; their programs by hand)", flush=True)
-  rows = [_row("text in memory (byte)", corpus.load_corpus(bench.input, 0.02), None, run_cfg, bench, consumed)]
   with tempfile.TemporaryDirectory() as scratch:
+    source = _joined(bench.input, bench.document_bytes, pathlib.Path(scratch) / "joined")
+    rows = [_row("text in memory (byte)", corpus.load_corpus(source, 0.02), None, run_cfg, bench, consumed)]
     for kind in bench.tokenizers:
-      manifest = prepare.prepare(prepare.PrepareConfig(
-          input=bench.input, output=str(pathlib.Path(scratch) / kind), tokenizer=kind, progress=False,
-          vocab_size=bench.vocab_size if kind == "sentencepiece" else None, workers=bench.workers))
-      print(prepare.summary(manifest, kind).splitlines()[1], flush=True)
-      loaded = corpus.load_corpus(str(pathlib.Path(scratch) / kind), 0.02)
-      rows.append(_row(f"prepared ({kind}, vocabulary {manifest['tokenizer']['vocab_size']:,})", loaded, manifest,
-                       run_cfg, bench, consumed))
+      for record_tokens in bench.record_tokens:
+        output = pathlib.Path(scratch) / f"{kind}-{record_tokens}"
+        manifest = prepare.prepare(prepare.PrepareConfig(
+            input=source, output=str(output), tokenizer=kind, progress=False, record_tokens=record_tokens,
+            vocab_size=bench.vocab_size if kind == "sentencepiece" else None, workers=bench.workers))
+        print(prepare.summary(manifest, str(output)).splitlines()[1], flush=True)
+        rows.append(_row(f"prepared ({kind}, vocabulary {manifest['tokenizer']['vocab_size']:,}, records of "
+                         f"<= {record_tokens:,} tokens)", corpus.load_corpus(str(output), 0.02), manifest,
+                         run_cfg, bench, consumed))
   print(summary_table(rows, list(rows[-1]), markdown=True), flush=True)
   return rows
+
+
+def _joined(input_path: str, document_bytes: int, folder: pathlib.Path) -> str:
+  """`input_path`, or (document_bytes > 0) its files' text joined in order into files of >= document_bytes each."""
+  if document_bytes <= 0:
+    return input_path
+  folder.mkdir()
+  _, files = corpus.resolve(input_path, field="--input")
+  pending, count = [], 0
+  for index, file in enumerate(files):
+    pending.append(file.read_bytes())
+    if sum(map(len, pending)) >= document_bytes or index == len(files) - 1:
+      (folder / f"document-{count:05d}.txt").write_bytes(b"".join(pending))
+      pending, count = [], count + 1
+  print(f"input joined into {count:,} documents of >= {document_bytes:,} bytes (the last one may be shorter)",
+        flush=True)
+  return str(folder)
 
 
 def _row(name: str, loaded: corpus.Corpus, manifest: dict | None, run_cfg, bench: LoaderBenchConfig,

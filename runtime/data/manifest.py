@@ -17,7 +17,8 @@ from runtime.errors import DataError
 
 NAME = "manifest.json"
 FORMAT = "decoupled-diloco/prepared-tokens"
-VERSION = 1
+VERSION = 2  # 2: a document's tokens in records of at most `record_tokens`; 1 (still read): a record per document
+READS = (1, 2)
 SPLITS = ("train", "eval")
 _SHARD_FIELDS = {"file": str, "index": str, "documents": int, "tokens": int, "bytes": int, "sha256": str,
                  "index_sha256": str}
@@ -40,9 +41,13 @@ def read(directory: str | os.PathLike) -> dict[str, Any]:
     raise DataError(f"{path}: does not parse as JSON ({error}); re-run launch.prepare_data") from None
   if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
     raise DataError(f"{path}: not a prepared-dataset manifest (its 'format' must be {FORMAT!r})")
-  if manifest.get("format_version") != VERSION:
-    raise DataError(f"{path}: format_version {manifest.get('format_version')!r} is not one this version reads "
-                    f"(allowed {VERSION}); prepare the dataset again with this version's launch.prepare_data")
+  version = manifest.get("format_version")
+  if version not in READS or isinstance(version, bool):
+    raise DataError(f"{path}: format_version {version!r} is not one this version reads "
+                    f"(allowed {READS}); prepare the dataset again with this version's launch.prepare_data")
+  if version >= 2 and _field(manifest, "record_tokens", int, path) < 1:
+    raise DataError(f"{path}: field 'record_tokens' = {manifest['record_tokens']!r} is invalid: "
+                    "allowed an integer >= 1")
   tokenizer = _field(manifest, "tokenizer", dict, path)
   for key in ("kind", "vocab_size", "eod_id"):
     _field(tokenizer, key, str if key == "kind" else int, path, "tokenizer.")
@@ -51,9 +56,14 @@ def read(directory: str | os.PathLike) -> dict[str, Any]:
   for split in SPLITS:
     entry = _field(splits, split, dict, path, "splits.")
     for shard in _field(entry, "shards", list, path, f"splits.{split}."):
-      for key, kind in _SHARD_FIELDS.items():
+      for key, kind in (_SHARD_FIELDS | dict(records=int) if version >= 2 else _SHARD_FIELDS).items():
         _field(shard if isinstance(shard, dict) else {}, key, kind, path, f"splits.{split}.shards[].")
   return manifest
+
+
+def record_tokens(manifest: dict[str, Any]) -> int | None:
+  """The most tokens of a document one record holds; None: a record holds a whole document (format version 1)."""
+  return manifest.get("record_tokens") if manifest["format_version"] >= 2 else None
 
 
 def vocab_size(data_path: str) -> int | None:

@@ -1,10 +1,11 @@
 """Prepares a dataset: text and JSONL in, tokenized ArrayRecord shards, a tokenizer and `manifest.json` out.
 
 `prepare(PrepareConfig)` plans the input as shards (runtime/data/documents.py), makes or loads the tokenizer,
-then writes each shard in a worker: one ArrayRecord file per split (a record per document, its tokens), the
-documents' lengths beside it, each written under a temporary name and renamed when complete, then a marker with
-their checksums. A rerun with the same input and settings keeps every shard whose marker and checksums hold and
-writes the rest; the manifest is written last, so a directory is a dataset only once every shard is complete.
+then writes each shard in a worker: one ArrayRecord file per split (each document's tokens cut into records of at
+most `record_tokens`, so a window is read without its whole document), the documents' lengths beside it, each
+written under a temporary name and renamed when complete, then a marker with their checksums. A rerun with the
+same input and settings keeps every shard whose marker and checksums hold and writes the rest; the manifest is
+written last, so a directory is a dataset only once every shard is complete.
 
 Splits: a document is held out for evaluation when a stable hash of its identity falls below `eval_fraction`. If
 no document falls there (a small input), the input's first document is held out; if every one does, the first
@@ -27,8 +28,9 @@ from runtime.data import prepare_resume as resume
 from runtime.errors import DataError
 from runtime import run_lock
 
-# One record per group: any document is read without decoding its neighbours (random access for the loader).
+# One record per group: any record is read without decoding its neighbours (random access for the loader).
 WRITER_OPTIONS = "group_size:1"
+RECORD_TOKENS = 4096  # a document's tokens per record: a window of seq_len + 1 reads at most this much more
 _ENCODE_BATCH_BYTES = 4 << 20
 _TOKENIZER_SAMPLE_BYTES = 256 << 20  # SentencePiece trains on about this much input, spread over the shards
 # What the configs/default.py run the summary suggests evaluates on: windows of seq_len + 1 tokens.
@@ -48,6 +50,7 @@ class PrepareConfig:
   skip_bad_lines: bool = False
   eval_fraction: float = 0.02
   shard_bytes: int = 16 << 20
+  record_tokens: int = RECORD_TOKENS
   workers: int = 1
   progress: bool = True
   command: str = ""
@@ -55,7 +58,7 @@ class PrepareConfig:
   def settings(self) -> dict[str, Any]:
     return dict(tokenizer=self.tokenizer, vocab_size=self.vocab_size, sentencepiece_type=self.sentencepiece_type,
                 text_field=self.text_field, skip_bad_lines=self.skip_bad_lines, eval_fraction=self.eval_fraction,
-                shard_bytes=self.shard_bytes)
+                shard_bytes=self.shard_bytes, record_tokens=self.record_tokens)
 
 
 def prepare(cfg: PrepareConfig) -> dict[str, Any]:
@@ -84,7 +87,7 @@ def _prepare(cfg: PrepareConfig, out: pathlib.Path, shards: list[list[documents_
   dtype = np.dtype(np.uint8 if tokenizer.vocab_size <= 256 else np.uint16 if tokenizer.vocab_size <= 65536
                    else np.uint32)
   jobs = [_Job(out, i, len(shards), shards[i], cfg.text_field, cfg.skip_bad_lines, cfg.eval_fraction, dtype.str,
-               state.adjustment(i)) for i in range(len(shards))]
+               cfg.record_tokens, state.adjustment(i)) for i in range(len(shards))]
   _run([job for job in jobs if not state.done(job.index)], tokenizer, cfg)
   adjust = _adjustment([state.marker(i) for i in range(len(shards))], cfg.input)
   if adjust is not None:  # a small input: some split is empty, so one shard is written again with a document moved
@@ -106,6 +109,8 @@ def _validate(cfg: PrepareConfig) -> None:
     raise DataError(f"--workers = {cfg.workers!r} is invalid: allowed an integer >= 1")
   if cfg.shard_bytes < 1:
     raise DataError(f"--shard_bytes = {cfg.shard_bytes!r} is invalid: allowed an integer >= 1")
+  if cfg.record_tokens < 1:
+    raise DataError(f"--record_tokens = {cfg.record_tokens!r} is invalid: allowed an integer >= 1")
   if not cfg.text_field:
     raise DataError("--text_field is empty: allowed the name of the JSONL field that holds each document's text")
   if cfg.tokenizer == "byte" and cfg.vocab_size not in (None, 256):
@@ -147,6 +152,7 @@ class _Job:
   skip_bad_lines: bool
   eval_fraction: float
   dtype: str
+  record_tokens: int
   adjust: dict[str, Any]
 
 
@@ -226,6 +232,7 @@ def _write_shard(job: _Job, tokenizer: tokenizers.Tokenizer, counts: _Counts, sh
   temps = {s: job.out / f".{names[s]}.{os.getpid()}.tmp" for s in manifest_lib.SPLITS}
   writers = {s: ArrayRecordWriter(str(temps[s]), WRITER_OPTIONS) for s in manifest_lib.SPLITS}
   lengths: dict[str, list[int]] = {s: [] for s in manifest_lib.SPLITS}
+  records = dict.fromkeys(manifest_lib.SPLITS, 0)
   first: dict[str, Any] = {"first": None}  # the shard's first document (the input's, in shard 0)
   reading = documents_lib.Reading()
 
@@ -234,8 +241,11 @@ def _write_shard(job: _Job, tokenizer: tokenizers.Tokenizer, counts: _Counts, sh
       if len(tokens) and first["first"] is None:
         first["first"] = identity
       for split, part in _split(identity, tokens, job):
+        part = part.astype(job.dtype)
+        for start in range(0, len(part), job.record_tokens):
+          writers[split].write(part[start:start + job.record_tokens].tobytes())
+          records[split] += 1
         if len(part):
-          writers[split].write(part.astype(job.dtype).tobytes())
           lengths[split].append(len(part))
       counts.add(1, len(tokens), 0)
 
@@ -253,7 +263,7 @@ def _write_shard(job: _Job, tokenizer: tokenizers.Tokenizer, counts: _Counts, sh
   marker = dict(first, bad_lines=reading.bad_lines, first_bad=reading.first_bad)
   for split in manifest_lib.SPLITS:
     writers[split].close()
-    marker[split] = _finish(job.out, names[split], temps[split], np.asarray(lengths[split], np.int64))
+    marker[split] = _finish(job.out, names[split], temps[split], np.asarray(lengths[split], np.int64), records[split])
   path = resume.marker_path(job.out, job.index)
   tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
   tmp.write_text(json.dumps(marker))
@@ -270,7 +280,8 @@ def _split(identity: str, tokens: np.ndarray, job: _Job) -> list[tuple[str, np.n
   return [("eval" if held_out else "train", tokens)]
 
 
-def _finish(out: pathlib.Path, name: str, temp: pathlib.Path, lengths: np.ndarray) -> dict[str, Any] | None:
+def _finish(out: pathlib.Path, name: str, temp: pathlib.Path, lengths: np.ndarray,
+            records: int) -> dict[str, Any] | None:
   """Renames a complete split file and writes its lengths beside it; None (and no file) if it holds nothing."""
   if not len(lengths):
     temp.unlink()
@@ -280,7 +291,7 @@ def _finish(out: pathlib.Path, name: str, temp: pathlib.Path, lengths: np.ndarra
   np.save(index_tmp, lengths)
   os.replace(index_tmp, out / index)
   os.replace(temp, out / name)
-  return dict(file=name, index=index, documents=int(len(lengths)), tokens=int(lengths.sum()),
+  return dict(file=name, index=index, documents=int(len(lengths)), tokens=int(lengths.sum()), records=records,
               bytes=(out / name).stat().st_size, sha256=manifest_lib.sha256_of(out / name),
               index_sha256=manifest_lib.sha256_of(out / index))
 
@@ -312,7 +323,7 @@ def _manifest(cfg: PrepareConfig, tokenizer: tokenizers.Tokenizer, dtype: np.dty
       format=manifest_lib.FORMAT, format_version=manifest_lib.VERSION,
       tokenizer=dict(kind=tokenizer.kind, vocab_size=tokenizer.vocab_size, eod_id=tokenizer.eod_id,
                      file=tokenizer.file),
-      dtype=dtype.name, splits=splits,
+      dtype=dtype.name, record_tokens=cfg.record_tokens, splits=splits,
       input=dict(path=cfg.input, bytes=input_bytes, shards=num_shards,
                  bad_lines_dropped=sum(m["bad_lines"] for m in bad), first_bad_line=bad[0]["first_bad"] if bad else ""),
       settings=cfg.settings(), command=cfg.command,

@@ -3,8 +3,9 @@
 A split's stream is its documents in order (shard by shard), each followed by the end-of-document id except the
 last: for the byte tokenizer exactly the stream `corpus.load_corpus` builds from the same files in memory. The
 loader cuts it into windows of seq_len + 1 tokens as the in-memory path does (runtime/data/shards.py), so shards,
-the data service, epoch orders and saved positions work on both alike; a window is read from the documents it
-overlaps, through grain's `ArrayRecordDataSource` (one record per document, any record read alone).
+the data service, epoch orders and saved positions work on both alike; a window is read from the records it
+overlaps, through grain's `ArrayRecordDataSource` (any record read alone): a document's tokens are cut into records
+of at most `record_tokens` (a whole document per record in datasets of format version 1).
 """
 
 import pathlib
@@ -19,7 +20,7 @@ class TokenSplit:
   """One split's token stream, read from its shards on demand; `len()` is its number of tokens."""
 
   def __init__(self, directory: pathlib.Path, entries: list[dict], eod_id: int, dtype: str,
-               max_tokens: int | None = None):
+               max_tokens: int | None = None, record_tokens: int | None = None):
     from grain.sources import ArrayRecordDataSource  # pylint: disable=import-outside-toplevel
     self.dtype = np.dtype(dtype)
     self.eod_id = eod_id
@@ -31,6 +32,14 @@ class TokenSplit:
                       f"the manifest {self.documents}; prepare it again")
     # Document d occupies [starts[d], starts[d] + lengths[d]); the token after it is the end-of-document id.
     self._starts = np.concatenate([[0], np.cumsum(self._lengths + 1)[:-1]]).astype(np.int64)
+    # Document d's tokens [k * record, (k + 1) * record) are record first_record[d] + k (records of a shard's
+    # documents in order, shard after shard, as the source numbers them).
+    self._record = record_tokens or max(int(self._lengths.max(initial=0)), 1)
+    counts = -(-self._lengths // self._record)
+    self._first_record = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    if record_tokens and int(counts.sum()) != sum(e["records"] for e in entries):
+      raise DataError(f"prepared dataset {str(directory)!r}: its documents' lengths make {int(counts.sum())} records "
+                      f"of {record_tokens} tokens, the manifest {sum(e['records'] for e in entries)}; prepare it again")
     total = int(self._lengths.sum() + max(len(self._lengths) - 1, 0))
     self._length = total if max_tokens is None else min(total, max_tokens)
     self._source = ArrayRecordDataSource([str(directory / e["file"]) for e in entries]) if entries else None
@@ -40,15 +49,28 @@ class TokenSplit:
 
   def read(self, start: int, stop: int) -> np.ndarray:
     """Tokens [start, stop) of the stream (stop <= len)."""
-    out = np.full(stop - start, self.eod_id, self.dtype)
-    first = int(np.searchsorted(self._starts, start, side="right")) - 1
-    last = int(np.searchsorted(self._starts, stop - 1, side="right")) - 1
-    for doc in range(first, last + 1):
-      begin = int(self._starts[doc])
-      lo, hi = max(start, begin), min(stop, begin + int(self._lengths[doc]))
-      if lo < hi:
-        tokens = np.frombuffer(self._source[doc], self.dtype)
-        out[lo - start:hi - start] = tokens[lo - begin:hi - begin]
+    return self.read_many(np.asarray([start], np.int64), stop - start)[0]
+
+  def read_many(self, starts: np.ndarray, width: int) -> np.ndarray:
+    """[len(starts), width]: row i the tokens [starts[i], starts[i] + width) of the stream, every record they
+    overlap read in one batch."""
+    out = np.full((len(starts), width), self.eod_id, self.dtype)
+    pieces = []  # (row, out offset, record, offset in the record, length)
+    for row, start in enumerate(starts.tolist()):
+      stop = start + width
+      first = int(np.searchsorted(self._starts, start, side="right")) - 1
+      last = int(np.searchsorted(self._starts, stop - 1, side="right")) - 1
+      for doc in range(first, last + 1):
+        begin = int(self._starts[doc])
+        lo, hi = max(start, begin), min(stop, begin + int(self._lengths[doc]))
+        for k in range((lo - begin) // self._record, (hi - begin - 1) // self._record + 1) if lo < hi else ():
+          at = begin + k * self._record  # where record k of the document begins in the stream
+          piece_lo, piece_hi = max(lo, at), min(hi, at + self._record)
+          pieces.append((row, piece_lo - start, int(self._first_record[doc]) + k, piece_lo - at, piece_hi - piece_lo))
+    wanted = sorted({piece[2] for piece in pieces})
+    records = {record: self._source[record] for record in wanted}
+    for row, at, record, offset, length in pieces:
+      out[row, at:at + length] = np.frombuffer(records[record], self.dtype, length, offset * self.dtype.itemsize)
     return out
 
   def windows(self, seq_len: int) -> "Windows":
@@ -69,10 +91,7 @@ class Windows:
     ids = np.asarray(ids, np.int64)
     if ids.size and (ids.min() < 0 or ids.max() >= self._count):
       raise IndexError(f"window ids must be in [0, {self._count})")
-    out = np.empty((len(ids), self._width), self._split.dtype)
-    for row, window in enumerate(ids):
-      out[row] = self._split.read(int(window) * self._width, (int(window) + 1) * self._width)
-    return out
+    return self._split.read_many(ids * self._width, self._width)
 
 
 def load(directory: str, max_bytes: int | None = None) -> tuple[TokenSplit, TokenSplit, dict]:
@@ -86,7 +105,8 @@ def load(directory: str, max_bytes: int | None = None) -> tuple[TokenSplit, Toke
   tokenizer, dtype = manifest["tokenizer"], manifest["dtype"]
   cap = None if max_bytes is None else max_bytes // np.dtype(dtype).itemsize
   train, held_out = (TokenSplit(path, manifest["splits"][s]["shards"], tokenizer["eod_id"], dtype,
-                                cap if s == "train" else None) for s in manifest_lib.SPLITS)
+                                cap if s == "train" else None, manifest_lib.record_tokens(manifest))
+                     for s in manifest_lib.SPLITS)
   if len(train) < 2:
     raise DataError(f"data.path = {directory!r}: the train split has {len(train)} token(s); at least 2 are needed "
                     "for one input and its next-token target")

@@ -82,7 +82,8 @@ def test_a_small_corpus_trains_under_the_command_prepare_data_prints_with_smoke_
   command = shlex.split(line.removeprefix("train on it: "))
   assert command[:3] == ["python", "-m", "launch.train"]
   quick = ["--config.learners=2", "--config.num_devices=2", "--config.total_steps=4", "--config.inner_steps=2",
-           "--config.eval_every=2", "--config.progress=False", "--config.tensorboard=False", FAST[-1]]
+           "--config.overlap_steps=1", "--config.eval_every=2", "--config.progress=False", "--config.tensorboard=False",
+           FAST[-1]]
   for config in ("default", "smoke"):
     args = [f"--config={config}" if a.startswith("--config=") else a for a in command[3:]]
     out = launch("train", *args, *quick, f"--workdir={tmp_path / config}", cwd=tmp_path)

@@ -24,9 +24,15 @@ def _text_only(text_input: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path
   return folder
 
 
-def test_a_byte_dataset_serves_exactly_the_stream_and_batches_of_the_text_read_in_memory(text_input, tmp_path):
+# records of 50 tokens: windows of 32 cross records often; the default's hold most documents of the input whole
+@pytest.mark.parametrize("record_tokens", [50, prepare.RECORD_TOKENS])
+def test_a_byte_dataset_serves_exactly_the_stream_and_batches_of_the_text_read_in_memory(
+    text_input, tmp_path, record_tokens):
   folder = _text_only(text_input, tmp_path)
-  _prepare(folder, tmp_path / "bytes", eval_fraction=0.1, shard_bytes=100_000)
+  manifest = _prepare(folder, tmp_path / "bytes", eval_fraction=0.1, shard_bytes=100_000, record_tokens=record_tokens)
+  lengths = np.concatenate([np.load(tmp_path / "bytes" / s["index"]) for s in manifest["splits"]["train"]["shards"]])
+  records = sum(s["records"] for s in manifest["splits"]["train"]["shards"])
+  assert records == int(np.sum(-(-lengths // record_tokens))) > len(lengths)
   memory, disk = corpus.load_corpus(str(folder), 0.1), corpus.load_corpus(str(tmp_path / "bytes"), 0.5)
   assert isinstance(disk.train, prepared.TokenSplit) and len(list(tmp_path.glob("bytes/train-*.array_record"))) > 2
   np.testing.assert_array_equal(disk.train.read(0, len(disk.train)), memory.train)
@@ -138,6 +144,53 @@ def test_a_damaged_shard_is_refused_by_name(prepared_dataset, tmp_path, damage):
     corpus.load_corpus(str(copy), 0.02)
 
 
+def test_a_window_reads_only_the_records_it_overlaps_and_a_dataset_of_a_record_per_document_still_reads(
+    tmp_path, monkeypatch):
+  """A window of a long document reads at most its width plus a record's tokens, not the document; a dataset of
+  format version 1 (a whole document per record) still serves the same stream."""
+  from grain.sources import ArrayRecordDataSource  # pylint: disable=import-outside-toplevel
+  (tmp_path / "in").mkdir()
+  rng = np.random.default_rng(0)
+  for i in range(3):
+    (tmp_path / "in" / f"{i}.txt").write_bytes(bytes(rng.integers(97, 123, 60_000 + 7_000 * i, np.uint8)))
+  _prepare(tmp_path / "in", tmp_path / "v2", record_tokens=1000, eval_fraction=0.3)
+  _prepare(tmp_path / "in", tmp_path / "v1", record_tokens=10**9, eval_fraction=0.3)
+  manifest = json.loads((tmp_path / "v1" / manifest_lib.NAME).read_text())
+  del manifest["record_tokens"]
+  for shard in manifest_lib.shards(manifest):
+    del shard["records"]
+  (tmp_path / "v1" / manifest_lib.NAME).write_text(json.dumps(dict(manifest, format_version=1)))
+  read_sizes = []
+  getitem = ArrayRecordDataSource.__getitem__
+  monkeypatch.setattr(ArrayRecordDataSource, "__getitem__",
+                      lambda self, key: read_sizes.append(len(record := getitem(self, key))) or record)
+  v1, v2 = (corpus.load_corpus(str(tmp_path / v), 0.5) for v in ("v1", "v2"))
+  for window in range(0, len(v2.train) // 129, 97):
+    read_sizes.clear()
+    one = v1.train.windows(128)[[window]]
+    assert sum(read_sizes) >= 60_000  # a document per record: the window reads its whole document
+    read_sizes.clear()
+    np.testing.assert_array_equal(v2.train.windows(128)[[window]], one)
+    assert len(read_sizes) <= 2 and max(read_sizes) <= 1000  # the one or two records of 1,000 tokens it overlaps
+
+
+def test_a_manifest_whose_records_do_not_add_up_is_refused_naming_the_field(prepared_dataset, tmp_path):
+  copy = tmp_path / "copy"
+  shutil.copytree(prepared_dataset, copy)
+  manifest = json.loads((copy / manifest_lib.NAME).read_text())
+  manifest["splits"]["train"]["shards"][0]["records"] += 1
+  (copy / manifest_lib.NAME).write_text(json.dumps(manifest))
+  with pytest.raises(DataError, match=r"make \d+ records of 4096 tokens, the manifest \d+; prepare it again"):
+    corpus.load_corpus(str(copy), 0.02)
+  (copy / manifest_lib.NAME).write_text(json.dumps(dict(manifest, record_tokens=0)))
+  with pytest.raises(DataError, match="field 'record_tokens' = 0 is invalid: allowed an integer >= 1"):
+    corpus.load_corpus(str(copy), 0.02)
+  del manifest["splits"]["eval"]["shards"][0]["records"]
+  (copy / manifest_lib.NAME).write_text(json.dumps(manifest))
+  with pytest.raises(DataError, match=r"field 'splits.eval.shards\[\].records' = None is invalid: allowed int"):
+    corpus.load_corpus(str(copy), 0.02)
+
+
 def test_a_manifest_that_does_not_parse_or_is_of_another_version_is_refused(prepared_dataset, tmp_path):
   copy = tmp_path / "copy"
   shutil.copytree(prepared_dataset, copy)
@@ -174,6 +227,7 @@ BAD = [
     (["--input=FOLDER", "--tokenizer=byte", "--vocab_size=512"], "--vocab_size = 512 with --tokenizer=byte"),
     (["--input=BADJSONL"], "bad.jsonl:2: not a JSON object"),
     (["--input=FOLDER", "--eval_fraction=1.5"], "--eval_fraction = 1.5 is invalid"),
+    (["--input=FOLDER", "--record_tokens=0"], "--record_tokens = 0 is invalid: allowed an integer >= 1"),
 ]
 
 

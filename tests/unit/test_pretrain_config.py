@@ -18,7 +18,7 @@ def _manifest_of_a_32k_dataset(directory):
   """The fields a config reads of a prepared dataset (no shards: nothing here reads tokens)."""
   directory.mkdir(parents=True)
   (directory / manifest_lib.NAME).write_text(json.dumps(dict(
-      format=manifest_lib.FORMAT, format_version=manifest_lib.VERSION, dtype="uint16",
+      format=manifest_lib.FORMAT, format_version=manifest_lib.VERSION, dtype="uint16", record_tokens=4096,
       tokenizer=dict(kind="sentencepiece", vocab_size=32768, eod_id=1, file="tokenizer.model"),
       splits={s: dict(documents=0, tokens=0, shards=[]) for s in manifest_lib.SPLITS})))
 
