@@ -42,9 +42,10 @@ def read(directory: str | os.PathLike) -> dict[str, Any]:
   if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
     raise DataError(f"{path}: not a prepared-dataset manifest (its 'format' must be {FORMAT!r})")
   version = manifest.get("format_version")
-  if version not in READS or isinstance(version, bool):
-    raise DataError(f"{path}: format_version {version!r} is not one this version reads "
-                    f"(allowed {READS}); prepare the dataset again with this version's launch.prepare_data")
+  if type(version) is not int or version not in READS:  # pylint: disable=unidiomatic-typecheck  (not bool, not 1.0)
+    raise DataError(f"{path}: format_version {version!r} is not one this version reads (allowed "
+                    f"{' or '.join(map(str, READS))}); prepare the dataset again with this version's "
+                    "launch.prepare_data")
   if version >= 2 and _field(manifest, "record_tokens", int, path) < 1:
     raise DataError(f"{path}: field 'record_tokens' = {manifest['record_tokens']!r} is invalid: "
                     "allowed an integer >= 1")

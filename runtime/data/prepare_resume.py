@@ -81,7 +81,8 @@ def _differs(kept: dict, plan: dict, key: str) -> str:
     return "files were added, removed or changed since"
   if key == "input":
     return f"--input was {kept[key]!r}"
-  return ", ".join(f"{k} was {kept[key].get(k)!r}, now {v!r}" for k, v in plan[key].items() if kept[key].get(k) != v)
+  return ", ".join((f"{k} was {kept[key][k]!r}" if k in kept[key] else f"{k} unknown to the version that began it")
+                   + f", now {v!r}" for k, v in plan[key].items() if kept[key].get(k) != v)
 
 
 def marker_path(out: pathlib.Path, index: int) -> pathlib.Path:

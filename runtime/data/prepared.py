@@ -37,12 +37,18 @@ class TokenSplit:
     self._record = record_tokens or max(int(self._lengths.max(initial=0)), 1)
     counts = -(-self._lengths // self._record)
     self._first_record = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    if record_tokens and int(counts.sum()) != sum(e["records"] for e in entries):
-      raise DataError(f"prepared dataset {str(directory)!r}: its documents' lengths make {int(counts.sum())} records "
-                      f"of {record_tokens} tokens, the manifest {sum(e['records'] for e in entries)}; prepare it again")
+    for entry, shard_lengths in zip(entries, lengths):
+      made = int(np.sum(-(-shard_lengths // self._record)))
+      if made != entry.get("records", made):
+        raise DataError(f"prepared dataset {str(directory)!r}: shard {entry['file']}'s field 'records' = "
+                        f"{entry['records']} does not match its documents' lengths, which make {made} records of "
+                        f"{record_tokens} tokens; prepare it again")
     total = int(self._lengths.sum() + max(len(self._lengths) - 1, 0))
     self._length = total if max_tokens is None else min(total, max_tokens)
     self._source = ArrayRecordDataSource([str(directory / e["file"]) for e in entries]) if entries else None
+    if self._source is not None and len(self._source) != int(counts.sum()):
+      raise DataError(f"prepared dataset {str(directory)!r}: its shards hold {len(self._source)} records, its "
+                      f"documents' lengths make {int(counts.sum())}; prepare it again")
 
   def __len__(self) -> int:
     return self._length
@@ -52,8 +58,8 @@ class TokenSplit:
     return self.read_many(np.asarray([start], np.int64), stop - start)[0]
 
   def read_many(self, starts: np.ndarray, width: int) -> np.ndarray:
-    """[len(starts), width]: row i the tokens [starts[i], starts[i] + width) of the stream, every record they
-    overlap read in one batch."""
+    """[len(starts), width]: row i the tokens [starts[i], starts[i] + width) of the stream; a record that several
+    rows overlap is read once."""
     out = np.full((len(starts), width), self.eod_id, self.dtype)
     pieces = []  # (row, out offset, record, offset in the record, length)
     for row, start in enumerate(starts.tolist()):

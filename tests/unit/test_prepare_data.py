@@ -120,8 +120,12 @@ def test_workers_write_the_same_shards_as_one_process(text_input, tmp_path):
 def test_a_single_document_gives_its_tail_to_evaluation_and_a_small_input_holds_one_document_out(tmp_path):
   (tmp_path / "one").mkdir()
   (tmp_path / "one" / "only.txt").write_text("the only document. " * 500)
-  manifest = _prepare(tmp_path / "one", tmp_path / "out1", eval_fraction=0.1)
+  manifest = _prepare(tmp_path / "one", tmp_path / "out1", eval_fraction=0.1, record_tokens=3)
   assert [manifest["splits"][s]["tokens"] for s in ("train", "eval")] == [8550, 950]
+  assert [manifest["splits"][s]["shards"][0]["records"] for s in ("train", "eval")] == [2850, 317]
+  memory, disk = corpus.load_corpus(str(tmp_path / "one"), 0.1), corpus.load_corpus(str(tmp_path / "out1"), 0.1)
+  np.testing.assert_array_equal(disk.train.read(0, len(disk.train)), memory.train)
+  np.testing.assert_array_equal(disk.eval.read(0, len(disk.eval)), memory.eval)
   (tmp_path / "few").mkdir()
   for i in range(5):
     (tmp_path / "few" / f"{i}.txt").write_text(f"document {i} " * 50)
@@ -178,9 +182,11 @@ def test_a_manifest_whose_records_do_not_add_up_is_refused_naming_the_field(prep
   copy = tmp_path / "copy"
   shutil.copytree(prepared_dataset, copy)
   manifest = json.loads((copy / manifest_lib.NAME).read_text())
-  manifest["splits"]["train"]["shards"][0]["records"] += 1
+  first, second = manifest["splits"]["train"]["shards"][:2]
+  first["records"], second["records"] = first["records"] + 1, second["records"] - 1  # the total still adds up
   (copy / manifest_lib.NAME).write_text(json.dumps(manifest))
-  with pytest.raises(DataError, match=r"make \d+ records of 4096 tokens, the manifest \d+; prepare it again"):
+  with pytest.raises(DataError, match=f"shard {first['file']}'s field 'records' = {first['records']} does not match "
+                     f"its documents' lengths, which make {first['records'] - 1} records of 4096 tokens"):
     corpus.load_corpus(str(copy), 0.02)
   (copy / manifest_lib.NAME).write_text(json.dumps(dict(manifest, record_tokens=0)))
   with pytest.raises(DataError, match="field 'record_tokens' = 0 is invalid: allowed an integer >= 1"):
@@ -195,9 +201,10 @@ def test_a_manifest_that_does_not_parse_or_is_of_another_version_is_refused(prep
   copy = tmp_path / "copy"
   shutil.copytree(prepared_dataset, copy)
   manifest = json.loads((copy / manifest_lib.NAME).read_text())
-  (copy / manifest_lib.NAME).write_text(json.dumps(dict(manifest, format_version=99)))
-  with pytest.raises(DataError, match="format_version 99 is not one this version reads"):
-    manifest_lib.vocab_size(str(copy))
+  for version in (99, 2.0):
+    (copy / manifest_lib.NAME).write_text(json.dumps(dict(manifest, format_version=version)))
+    with pytest.raises(DataError, match=f"format_version {version} is not one this version reads \\(allowed 1 or 2\\)"):
+      manifest_lib.vocab_size(str(copy))
   (copy / manifest_lib.NAME).write_text("{not json")
   with pytest.raises(DataError, match="does not parse as JSON"):
     manifest_lib.vocab_size(str(copy))
