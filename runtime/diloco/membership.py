@@ -58,10 +58,12 @@ def make_learners(run: RunConfig, exp: Experiment, devices: Sequence[list[jax.De
     if run.backend == "ray":  # (a learner of lent capacity: its actor holds every slice it may be lent, one group each)
       held = home if owned else tuple(range(run.num_slices, run.num_slices + run.lent_slices))
       learners.append(ray_learner.RayLearner(m, held, sum(len(devices[s]) for s in held), run, stream, puts,
-                                             absent=not owned))
+                                             absent=not owned, join=False))
     else:
       learners.append(Learner(m, home, [devices[s] for s in home] if owned else [], run, stream, injector,
                               absent=not owned))
+  if run.backend == "ray":
+    ray_learner.join_all(learners)  # (their actors, started together, awaited now)
   return learners
 
 

@@ -86,6 +86,11 @@ def test_learners_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_pa
   del cluster
   put, puts = ray.put, []
   monkeypatch.setattr(ray, "put", lambda value, **kw: puts.append(value) or put(value, **kw))
+  from runtime.diloco.learner import ray_learner  # pylint: disable=g-import-not-at-top
+  events, made, join = [], ray_learner._Gang.__init__, ray_learner.RayLearner.join  # pylint: disable=protected-access
+  monkeypatch.setattr(ray_learner._Gang, "__init__",  # pylint: disable=protected-access
+                      lambda self, *args, **kw: events.append("made") or made(self, *args, **kw))
+  monkeypatch.setattr(ray_learner.RayLearner, "join", lambda self: events.append("joined") or join(self))
   results = {}
   for backend in ("ray", "local"):
     config = _smoke(backend, schedule)
@@ -93,6 +98,7 @@ def test_learners_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_pa
     results[backend] = modes.train(config, tmp_path / backend)[0]
   remote, local = _records(tmp_path / "ray" / "decoupled"), _records(tmp_path / "local" / "decoupled")
   assert len(remote) >= 9 and remote == local
+  assert events[:4] == ["made", "made", "joined", "joined"]  # both actors' processes start before either is awaited
   merges = sum(r["kind"] == "merge" for r in remote)
   assert merges >= 6
   if not schedule:  # Θ put once for both learners: at the start, and after each merge

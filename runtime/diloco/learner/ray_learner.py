@@ -36,7 +36,7 @@ import os
 import socket
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 
@@ -165,7 +165,7 @@ class RayLearner:
   new actor in its place (`_replaced`)."""
 
   def __init__(self, index: int, slices: tuple[int, ...], num_devices: int, run: RunConfig, stream: Any,
-               puts: ThetaPut, absent: bool = False):
+               puts: ThetaPut, absent: bool = False, join: bool = True):
     import ray  # pylint: disable=g-import-not-at-top
     self._ray, self._puts = ray, puts
     self.index, self.tokens_per_batch = index, stream.tokens_per_batch
@@ -183,8 +183,16 @@ class RayLearner:
     self._starting: list[Any] | None = None  # a new gang's first call, not waited for when made
     # (its processes start in the background; a learner of lent capacity is on none of its slices until one is lent)
     self._actor = _Gang(ray, self._made, index, () if absent else slices, absent)
-    self._keep(self._answer(self._actor.call("joined"), "joined")[1])
+    self._joining: list[Any] | None = self._actor.call("joined")
     self._delivered: Delivery | None = None
+    if join:
+      self.join()
+
+  def join(self) -> None:
+    """Awaits its actor's first answer (the book as it starts), if not yet (`join_all`)."""
+    if self._joining is not None:
+      joining, self._joining = self._joining, None
+      self._keep(self._answer(joining, "joined")[1])
 
   # The book's figures, as of the last answer
   status = property(lambda self: self._book.status)
@@ -517,6 +525,14 @@ class RayLearner:
     """Its data stream stops; the actor answers for its book until the last handle to it goes (Ray ends it then). An
     actor already gone has nothing to stop (the run's own error, if any, is the one raised)."""
     self._or_book(lambda: None, "close")
+
+
+def join_all(learners: Sequence[Any]) -> None:
+  """Awaits the first answer of each learner in an actor, made with `join=False`: their processes, started together,
+  start side by side (Python, JAX and the learner each), not one after another."""
+  for learner in learners:
+    if isinstance(learner, RayLearner):
+      learner.join()
 
 
 class RemoteArming:
