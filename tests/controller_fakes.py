@@ -62,6 +62,9 @@ class FakeLearner:
     self.calls.append(("fail", status, now))
     return failure
 
+  def give_back_unreported(self) -> None:
+    self.calls.append(("give_back_unreported",))
+
   def leave(self, now: float) -> Failure:
     self.calls.append(("leave", now))
     failure = self.fail(now)

@@ -104,7 +104,7 @@ MUTATIONS = {
         "tests/experiments/test_sweep.py::"
         "test_a_two_by_two_sweep_writes_one_table_and_plot_and_a_second_invocation_skips_finished_points"),
     "checkpoint_digest_ignored": (
-        "runtime/checkpoint/store.py", "if digest.read_text().strip() != _digest(step_dir):", "if False:",
+        "runtime/checkpoint/store.py", "if digest.read_bytes().strip() != _digest(step_dir).encode():", "if False:",
         "tests/integration/test_checkpoint.py::test_a_damaged_latest_checkpoint_is_skipped_with_a_warning_naming_it"),
     "dp_resume_forgets_the_data_position": (
         "runtime/baselines/dp.py", "      stream.restore(meta[\"data\"])\n", "",

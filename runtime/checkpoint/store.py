@@ -2,7 +2,8 @@
 
 A save blocks only while orbax copies the arrays to host memory; the files are written in the background and
 committed by orbax's atomic rename, so a save interrupted by a kill never appears as a checkpoint. As soon as it is
-committed, each checkpoint gets `digest.sha256` (a SHA-256 over its files, computed off the caller's thread).
+committed, each checkpoint gets `digest.sha256` (a SHA-256 over its files, computed off the caller's thread). The
+newest `keep` are kept, and the newest verified one besides while a newer one waits for its digest (`_KeepVerified`).
 Restoring takes the newest checkpoint whose digest matches its files and that loads; one without a digest (the run
 stopped before it was verified), with a mismatch (truncated or overwritten files) or that fails to load is skipped
 with a warning naming it, and the one before is tried. If checkpoints exist and none is sound, nothing is restored
@@ -22,6 +23,7 @@ every orbax save of the process start one at a time; the writes still proceed in
 """
 
 import concurrent.futures
+import dataclasses
 import hashlib
 import pathlib
 import shutil
@@ -72,9 +74,31 @@ def problem(step_dir: pathlib.Path) -> str | None:
   digest = step_dir / DIGEST
   if not digest.exists():
     return UNVERIFIED
-  if digest.read_text().strip() != _digest(step_dir):
+  if digest.read_bytes().strip() != _digest(step_dir).encode():  # (bytes: a damaged digest is a mismatch too)
     return "its files do not match their digest (truncated or corrupted)"
   return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+  step: int  # (what the policy reads of orbax's checkpoint info)
+
+
+class _KeepVerified:
+  """Orbax's preservation policy here: the newest `keep` checkpoints, and the newest verified one besides while a
+  newer one still waits for its digest. Orbax prunes as soon as a save commits, before its digest is written; a run
+  killed then (with keep=1, its only checkpoint unverified) would otherwise have nothing to resume from."""
+
+  def __init__(self, directory: pathlib.Path, keep: int):
+    self._directory, self._keep = directory, keep
+
+  def should_preserve(self, checkpoints: list[Any], *, context: Any) -> list[bool]:
+    del context
+    steps = [c.step for c in checkpoints]
+    newest = set(sorted(steps)[-self._keep:])
+    verified = [s for s in steps if (self._directory / str(s) / DIGEST).exists()]
+    newest |= {max(verified)} if verified else set()
+    return [s in newest for s in steps]
 
 
 def read(directory: pathlib.Path, step: int) -> tuple[dict[str, np.ndarray], dict]:
@@ -102,16 +126,18 @@ def restore_args(like: PyTree) -> ocp.args.PyTreeRestore:
 
 
 class Checkpoints:
-  """The checkpoints of one run under `directory`, the newest `keep` of them kept."""
+  """The checkpoints of one run under `directory`, the newest `keep` of them kept (and the newest verified one while
+  a newer one is being verified)."""
 
   def __init__(self, directory: str | pathlib.Path, keep: int = 3, resumable: bool = True):
     self.directory = pathlib.Path(directory).resolve()
     if self.directory.exists() and not self.directory.is_dir():
       raise DataError(f"{self.directory} is not a directory of checkpoints (a file is there): move it aside, and the "
                       "run starts or resumes with a checkpoints directory of its own")
+    self._policy = _KeepVerified(self.directory, keep)
     self._manager = ocp.CheckpointManager(
         self.directory, handler_registry=_handlers(),
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
+        options=ocp.CheckpointManagerOptions(preservation_policy=self._policy, enable_async_checkpointing=True,
                                              cleanup_tmp_directories=True))
     self._verifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-digest")
     self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-save")
@@ -183,6 +209,16 @@ class Checkpoints:
     digests, self._digests = self._digests, []
     for digest in digests:
       digest.result()
+    self._prune()
+
+  def _prune(self) -> None:
+    """Deletes what the preservation policy no longer keeps now that every save is verified (the newest verified
+    one it kept while a newer one waited for its digest)."""
+    steps = sorted(self._manager.all_steps())
+    kept = self._policy.should_preserve([_Step(s) for s in steps], context=None)
+    for step, keep in zip(steps, kept):
+      if not keep:
+        self._manager.delete(step)
 
   def close(self, quiet: bool = False) -> None:
     """Waits for the saves in progress and verifies them; `quiet` (closing after a failure) logs their errors. Once

@@ -17,7 +17,7 @@ from runtime.config.run import RunConfig
 from runtime.diloco.budget import Budget
 from runtime.diloco.clock import Event, EventKind
 from runtime.diloco.learner.interface import LearnerPort
-from runtime.diloco.learner.lifecycle import ABSENT, OUT
+from runtime.diloco.learner.lifecycle import ABSENT, FAILED, OUT
 from runtime.diloco.profiling import annotate
 from runtime.diloco.run_log import RunLog
 from runtime.diloco.slices.lifecycle import SliceLifecycle
@@ -126,7 +126,7 @@ class MergeSchedule:
     for report, transfer, answer in zip(reports, transfers, answers):
       learner, merged = self._learners[report.learner], report.learner not in quarantined
       learner.report_settled(report, merged)
-      if not merged and learner.status == ABSENT:  # it left: its data is served to others
+      if not merged and learner.status in (ABSENT, FAILED):  # it left, or stopped for good: its data goes to others
         learner.give_back_unreported()
       if merged:
         self._log.merged(report)

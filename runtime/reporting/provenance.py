@@ -17,7 +17,7 @@ import jax
 from runtime.config.run import CONTENT_FIELDS, QUIET_FIELDS, RESUMABLE_FIELDS, RunConfig
 from runtime.data import corpus
 from runtime.errors import UsageError
-from runtime.run_lock import RunLock, is_lock_file
+from runtime.run_lock import RunLock, is_lock_file, write_atomically
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "ml-collections", "absl-py", "numpy",
              "pathwaysutils")
@@ -201,5 +201,6 @@ def write(run: RunConfig, run_dir: str | os.PathLike, name: str, host_transfers:
   record["environment"]["devices_used"] = run.num_devices if cpu else record["environment"]["device_count"]
   if host_transfers:
     record["environment"]["host_transfers"] = host_transfers
-  path.write_text(json.dumps(record, indent=2, allow_nan=True, default=str) + "\n")
+  text = json.dumps(record, indent=2, allow_nan=True, default=str) + "\n"
+  write_atomically(path, lambda tmp: tmp.write_text(text))  # (a kill mid-write leaves the old one whole)
   return path

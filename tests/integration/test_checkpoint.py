@@ -110,6 +110,36 @@ def test_a_committed_checkpoint_is_verified_at_once_not_at_the_next_save(tmp_pat
   checkpoints.close()
 
 
+def test_with_one_checkpoint_kept_a_kill_before_the_newest_is_verified_resumes_from_the_one_before(tmp_path,
+                                                                                                   monkeypatch):
+  # Regression: orbax pruned to `keep` as soon as a save committed, before its digest was written; with keep=1 a
+  # kill in between left only an unverified checkpoint, and the rerun started from the beginning.
+  checkpoints = Checkpoints(tmp_path, keep=1)
+  checkpoints.save(1, {"w": jnp.full((64,), 1.0)}, {"step": 1})
+  checkpoints.flush()
+  monkeypatch.setattr(Checkpoints, "_digest_when_committed", lambda self, step: None)  # killed before its digest
+  checkpoints.save(2, {"w": jnp.full((64,), 2.0)}, {"step": 2})
+  checkpoints._manager.wait_until_finished()  # pylint: disable=protected-access
+  assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [1, 2]
+  monkeypatch.undo()
+  step, state, _ = Checkpoints(tmp_path, keep=1).restore_latest({"w": jnp.zeros((64,))})
+  assert step == 1 and float(state["w"][0]) == 1.0
+  checkpoints = Checkpoints(tmp_path / "verified", keep=1)  # once every save is verified, one is kept
+  for step in (1, 2, 3):
+    checkpoints.save(step, {"w": jnp.full((64,), float(step))}, {"step": step})
+    checkpoints.flush()
+  checkpoints.close()
+  assert Checkpoints(tmp_path / "verified").steps() == [3]
+
+
+def test_a_damaged_digest_file_is_a_mismatch_and_the_checkpoint_before_is_restored(tmp_path):
+  _save_three(tmp_path)
+  (tmp_path / "3" / DIGEST).write_bytes(b"\xff" + (tmp_path / "3" / DIGEST).read_bytes()[1:])  # not even UTF-8
+  assert "do not match their digest" in problem(tmp_path / "3")
+  step, _, _ = Checkpoints(tmp_path).restore_latest({"w": jnp.zeros((64,))})
+  assert step == 2
+
+
 def test_a_run_stopped_before_verifying_any_checkpoint_starts_from_the_beginning_keeping_them_aside(tmp_path,
                                                                                                  caplog):
   _save_three(tmp_path)

@@ -153,3 +153,18 @@ def test_a_run_with_a_stopped_learner_killed_and_resumed_ends_bit_identical(tiny
              for p in (tmp_path / "reference", tmp_path / "killed")]
   assert metrics[0] == metrics[1] and metrics[0].count('"fault": "program_error"') == 1
   assert result.final_eval_loss == reference.final_eval_loss and result.tokens == reference.tokens
+
+
+def test_a_learner_stopped_by_a_program_error_gives_back_the_windows_it_leased_and_never_merged(tiny_config):
+  # Regression: with the data service a learner stopped for good kept its leases past its last report (what it
+  # trained and did not report, and what it had staged ahead): those windows were never trained by anyone.
+  tiny_config.learners = tiny_config.num_devices = 2
+  tiny_config.total_steps = 16
+  tiny_config.data.assignment = "service"
+  tiny_config.faults.schedule = "bug:learner=1,time=5"  # after its first round's report
+  controller = _controller(tiny_config)
+  result = controller.train()
+  assert len(_faults(result, "program_error")) == 1
+  end = max(b for m, _, b in result.details["merged_ranges"] if m == 1)
+  assert end > 0 and len(controller.learners[1].leases()) == end * controller.run.learner_batch(1)
+  assert result.tokens == controller.run.token_budget

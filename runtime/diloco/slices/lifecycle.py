@@ -197,6 +197,7 @@ class SliceLifecycle:
     slice (healthy) given to the pool, the quorum following the learners still able to report."""
     now, m = self.clock.now(), learner.index
     failure = self.remove(learner, FAILED, "program_error", why, how=False)  # (`why` names the error)
+    learner.give_back_unreported()  # (the data service's windows it leased and never reported go to the others)
     hint = "" if multislice.installed() else f" (only {multislice.EXTRA} recognises real lost slices)"
     logging.error("learner %d stopped for good at t=%.1f by a program error, which is no lost slice and is not "
                   "retried%s: %s", m, now, hint, why)
