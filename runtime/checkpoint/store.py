@@ -176,6 +176,9 @@ class Checkpoints:
     self.blocking_seconds.append(time.perf_counter() - start)
 
   def _save(self, step: int, state: PyTree, meta: dict) -> None:
+    # The checkpoint before is verified first, so the preservation policy, consulted as this save begins, keeps it
+    # (not an older one) while this one waits for its digest.
+    concurrent.futures.wait(self._digests)
     with ORBAX_SAVES:
       saved = self._manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state),
                                                                meta=ocp.args.JsonSave(meta)))

@@ -57,13 +57,14 @@ def make_learners(run: RunConfig, exp: Experiment, devices: Sequence[list[jax.De
     home = learner_slices.home(m, run.slices_per_learner) if owned else -1
     if run.backend == "ray":  # (a learner of lent capacity: its actor holds every slice it may be lent, one group each)
       held = home if owned else tuple(range(run.num_slices, run.num_slices + run.lent_slices))
+      # (a gang is joined as it is made: its coordinator's port, picked free here, is taken only once it starts)
       learners.append(ray_learner.RayLearner(m, held, sum(len(devices[s]) for s in held), run, stream, puts,
-                                             absent=not owned, join=False))
+                                             absent=not owned, join=run.ray.processes_per_learner > 1))
     else:
       learners.append(Learner(m, home, [devices[s] for s in home] if owned else [], run, stream, injector,
                               absent=not owned))
-  if run.backend == "ray":
-    ray_learner.join_all(learners)  # (their actors, started together, awaited now)
+  if run.backend == "ray":  # (their actors, started together, awaited now)
+    ray_learner.join_all(learners)
   return learners
 
 

@@ -89,6 +89,9 @@ def claim(workdir: str | os.PathLike, name: str, run: RunConfig, resumable: bool
   lock = RunLock.take(workdir, name)  # before anything there is read
   run_dir = workdir / name
   try:
+    for stale in run_dir.glob(".*.tmp*"):  # a file a killed process was writing atomically (this lock excludes others)
+      if stale.is_file():
+        stale.unlink()
     if not any(not is_lock_file(p) for p in run_dir.iterdir()):
       _say_renamed(workdir, name)
       return name, lock

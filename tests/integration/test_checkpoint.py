@@ -124,11 +124,12 @@ def test_with_one_checkpoint_kept_a_kill_before_the_newest_is_verified_resumes_f
   monkeypatch.undo()
   step, state, _ = Checkpoints(tmp_path, keep=1).restore_latest({"w": jnp.zeros((64,))})
   assert step == 1 and float(state["w"][0]) == 1.0
-  checkpoints = Checkpoints(tmp_path / "verified", keep=1)  # once every save is verified, one is kept
-  for step in (1, 2, 3):
+  checkpoints = Checkpoints(tmp_path / "verified", keep=1)  # saves back to back: the one kept beside the newest
+  for step in (1, 2, 3):  # is the one before it (each save waits for the previous one's digest), not the oldest
     checkpoints.save(step, {"w": jnp.full((64,), float(step))}, {"step": step})
-    checkpoints.flush()
-  checkpoints.close()
+  checkpoints._manager.wait_until_finished()  # pylint: disable=protected-access
+  assert sorted(int(p.name) for p in (tmp_path / "verified").iterdir() if p.name.isdigit()) == [2, 3]
+  checkpoints.close()  # and once every save is verified, one is kept
   assert Checkpoints(tmp_path / "verified").steps() == [3]
 
 

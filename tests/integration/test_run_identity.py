@@ -3,6 +3,7 @@ or named, and a workdir's summary lists every run in it."""
 
 import dataclasses
 import json
+import pathlib
 import shutil
 
 import pytest
@@ -110,6 +111,28 @@ def test_a_damaged_run_json_stops_with_one_line_naming_it(tmp_path):
   (run_dir / "run.json").write_text('{"name": "decoupled", "config": {"mo')  # torn
   with pytest.raises(UsageError, match=rf"{run_dir / 'run.json'} is damaged .*move {run_dir} aside"):
     _claim(tmp_path, run)
+
+
+def test_run_json_is_written_whole_or_not_at_all_and_a_killed_writers_temporary_file_is_cleared(tmp_path,
+                                                                                                monkeypatch):
+  run = _checkpointed(smoke.get_config())
+  (tmp_path / "decoupled").mkdir()
+  (tmp_path / "decoupled" / ".run.123.tmp.json").write_text('{"na')  # a process killed while writing run.json
+  assert _claim(tmp_path, run) == "decoupled"  # the directory holds nothing else: this run's own
+  assert not (tmp_path / "decoupled" / ".run.123.tmp.json").exists()
+  _recorded(tmp_path, run)
+  before = (tmp_path / "decoupled" / "run.json").read_text()
+  write_text = pathlib.Path.write_text
+
+  def torn(path, text, *args, **kwargs):
+    write_text(path, text[:len(text) // 2], *args, **kwargs)
+    raise OSError("killed mid-write")
+
+  monkeypatch.setattr(pathlib.Path, "write_text", torn)
+  with pytest.raises(OSError, match="killed mid-write"):
+    provenance.write(run, tmp_path / "decoupled", "decoupled")
+  monkeypatch.undo()
+  assert (tmp_path / "decoupled" / "run.json").read_text() == before
 
 
 def test_a_torn_last_record_is_left_out_and_repaired_a_damaged_middle_one_is_named(tmp_path, capsys):
