@@ -66,12 +66,13 @@ def _joined(input_path: str, document_bytes: int, folder: pathlib.Path) -> str:
     return input_path
   folder.mkdir()
   _, files = corpus.resolve(input_path, field="--input")
-  pending, count = [], 0
+  pending, size, count = [], 0, 0
   for index, file in enumerate(files):
     pending.append(file.read_bytes())
-    if sum(map(len, pending)) >= document_bytes or index == len(files) - 1:
+    size += len(pending[-1])
+    if size >= document_bytes or index == len(files) - 1:
       (folder / f"document-{count:05d}.txt").write_bytes(b"".join(pending))
-      pending, count = [], count + 1
+      pending, size, count = [], 0, count + 1
   print(f"input joined into {count:,} documents of >= {document_bytes:,} bytes (the last one may be shorter)",
         flush=True)
   return str(folder)
