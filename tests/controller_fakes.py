@@ -38,6 +38,9 @@ class FakeLearner:
   def parts_in_flight(self) -> int:
     return len(self.parts)
 
+  def steps_in_flight(self) -> int:
+    return sum(p.steps for p in self.parts)
+
   def process_lost(self) -> Exception | None:
     return self.lost
 

@@ -24,6 +24,8 @@ _SHRINK_TEST = ("tests/integration/test_learner_slices.py::"
                 "test_losing_one_slice_it_trains_on_with_the_other_and_grows_back_when_the_slice_is_repaired")
 _FRAGMENT_ACCOUNTING_TEST = ("tests/integration/test_fragment_accounting.py::"
                              "test_a_fragments_merge_weight_counts_every_step_since_it_was_received_overlap_included")
+_CRASHES_IN_FLIGHT_TEST = ("tests/integration/test_parts_in_flight.py::"
+                           "test_with_crashes_injected_two_parts_in_flight_train_the_same_theta_as_one_at_a_time")
 
 # name: (file, text, mutated text, the test that must catch it)
 MUTATIONS = {
@@ -54,6 +56,13 @@ MUTATIONS = {
         "0 < learner.parts_in_flight() < 1 and",
         "tests/integration/test_parts_in_flight.py::"
         "test_the_queue_never_exceeds_two_parts_and_nothing_is_lost_or_merged_twice"),
+    "queued_part_crash_planned_from_the_steps_trained": (
+        "runtime/diloco/slices/lifecycle.py",
+        "first = learner.total_steps + (learner.steps_in_flight() if ahead else 0)", "first = learner.total_steps",
+        _CRASHES_IN_FLIGHT_TEST),
+    "part_queued_behind_one_armed_to_crash": (
+        "runtime/diloco/slices/lifecycle.py", "return learner.index in self._armed or learner.index in self._surfacing",
+        "return learner.index in self._surfacing", _CRASHES_IN_FLIGHT_TEST),
     "void_part_books_its_tokens": (
         "runtime/diloco/learner/book.py", "    if not void:\n", "    if True:\n",
         "tests/integration/test_parts_in_flight.py::"
@@ -223,7 +232,7 @@ MUTATIONS = {
         "tests/unit/test_durability.py::"
         "test_a_checkpoint_of_the_first_layout_resumes_with_each_owners_state_under_its_key"),
     "lent_map_not_saved": (
-        "runtime/diloco/slices/lifecycle.py", "lent=sorted(self.lent.items()))", "lent=[])",
+        "runtime/diloco/slices/lifecycle.py", "lent=sorted(self.lent.items()),", "lent=[],",
         "tests/unit/test_membership_lends.py::"
         "test_the_lent_slices_and_the_traces_drawn_survive_a_snapshot_each_with_its_owner"),
     "stop_saves_a_running_merge": (

@@ -29,10 +29,8 @@ from runtime.wire.payload import CorruptPayload
 
 def queue_depth(run: RunConfig) -> int:
   """The parts a learner keeps in flight: `parts_in_flight`, or by the clock (0). One where a learner keeps the state
-  before its part (several slices) or a program may be armed to crash (injected faults), whose crash steps are
-  planned from the steps trained so far."""
-  f = run.faults
-  if run.slices_per_learner > 1 or f.schedule or f.mtbi_chip_seconds > 0 or f.trace:
+  before its part (several slices). Behind a part armed to crash none is queued (SliceLifecycle.doomed)."""
+  if run.slices_per_learner > 1:
     return 1
   return run.parts_in_flight or (2 if run.clock.kind == "real" else 1)
 
@@ -92,7 +90,8 @@ class Rounds:
   def top_up(self, learner: LearnerPort) -> None:
     """Queues the learner's next parts behind those in flight, up to the queue depth, while what comes next is
     known (see the module's docstring)."""
-    while 0 < learner.parts_in_flight() < self._depth and learner.status == TRAINING:
+    while (0 < learner.parts_in_flight() < self._depth and learner.status == TRAINING
+           and not self._slices.doomed(learner)):
       newest = learner.newest_part()
       then = self._next(learner, newest)
       if then.action == round_plan.ADOPT:

@@ -35,6 +35,20 @@ def _records(workdir):
   return [json.loads(line) for line in (workdir / "decoupled" / "metrics.jsonl").read_text().splitlines()]
 
 
+def _queue_depths(monkeypatch) -> list[int]:
+  """The parts in flight after each dispatch, as the runs append them."""
+  depths = []
+  dispatch = learner_lib.Learner.dispatch
+
+  def recording(self, *args, **kwargs):
+    part = dispatch(self, *args, **kwargs)
+    depths.append(len(self.parts))
+    return part
+
+  monkeypatch.setattr(learner_lib.Learner, "dispatch", recording)
+  return depths
+
+
 def test_two_parts_in_flight_train_the_same_theta_as_one_at_a_time(tiny_config, tmp_path):
   """Without outer.keep_training the learner's parts and Θ's adoptions are the same, only enqueued sooner: Θ is bit
   for bit one part at a time's, and so is every record but modeled times summed in another order."""
@@ -59,15 +73,7 @@ def test_the_queue_never_exceeds_two_parts_and_nothing_is_lost_or_merged_twice(t
   part in flight voids that part (its tokens are written off and its data trained again). No window the data service
   served reaches Θ twice, and every token merged is a merged window's: a report's data ends where its work does, not
   after the parts queued behind it."""
-  depths = []
-  dispatch = learner_lib.Learner.dispatch
-
-  def recording(self, *args, **kwargs):
-    part = dispatch(self, *args, **kwargs)
-    depths.append(len(self.parts))
-    return part
-
-  monkeypatch.setattr(learner_lib.Learner, "dispatch", recording)
+  depths = _queue_depths(monkeypatch)
   config = _overlapping(tiny_config, 2, keep_training, receive)
   config.data.assignment = "service"
   result = modes.train(config, tmp_path)[0]
@@ -160,3 +166,34 @@ def test_under_the_real_clock_slow_host_copies_never_idle_the_device(tiny_config
   assert sum(r["host_theta_copy_s"] >= DELAY_S for r in merges) >= 3
   assert result.extras["device_idle_max"] <= 0.05, result.details["device_idle"]
   assert not math.isnan(result.extras["device_idle_mean"])
+
+
+def test_with_crashes_injected_two_parts_in_flight_train_the_same_theta_as_one_at_a_time(tiny_config, tmp_path,
+                                                                                        monkeypatch):
+  """A crash planned for a part queued behind another falls at the same inner step and time as when that part is
+  dispatched once the one ahead ends (its first step and start are where the parts ahead end), and nothing is
+  queued behind a part armed to crash: Θ and the records are one part at a time's, crashes and rejoins included."""
+  depths = _queue_depths(monkeypatch)
+  runs = {}
+  for depth in (1, 2):
+    config = _overlapping(tiny_config, depth)
+    config.total_steps = 24
+    config.faults.schedule = "crash:learner=1,step=7,repair=0.4;crash:learner=0,step=14,repair=0.3"
+    config.faults.mtbi_chip_seconds = 40 * config.faults.chips_per_slice  # a slice fails every 40 s on average
+    config.faults.repair_seconds = 3.0
+    depths.clear()
+    runs[depth] = modes.train(config, tmp_path / str(depth))[0], max(depths)
+  (one, one_depth), (two, two_depth) = runs[1], runs[2]
+  assert (one_depth, two_depth) == (1, 2)
+  for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(two.params), strict=True):
+    np.testing.assert_array_equal(a, b)
+  records = {depth: _records(tmp_path / str(depth)) for depth in (1, 2)}
+  crashes = [r for r in records[1] if r["kind"] == "fault" and r["fault"] == "crash"]
+  assert len(crashes) >= 3, crashes
+  for a, b in zip(records[1], records[2], strict=True):
+    assert a.keys() == b.keys()
+    for key in a:
+      if key in ("time", "grace", "busy", "goodput", "lost_seconds"):
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-12)
+      elif key not in ("wall_time", "detail"):
+        assert a[key] == b[key], (key, a, b)

@@ -87,6 +87,10 @@ class Learner:
   def parts_in_flight(self) -> int:
     return len(self.parts)
 
+  def steps_in_flight(self) -> int:
+    """Inner steps of its parts in flight, void ones too: where its next part's steps start past `total_steps`."""
+    return sum(part.steps for part in self.parts)
+
   def resume_kind(self) -> str:
     """The kind of its oldest part in flight ("" if none): what it resumes after a reconfiguration."""
     return self.parts[0].kind if self.parts else ""

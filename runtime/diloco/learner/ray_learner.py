@@ -299,7 +299,7 @@ class RayLearner:
     self._lost = None
     if status:  # (the new actor books the same move; its answer is awaited at the next call)
       book.set_status(f"learner {self.index}", status, now)
-      self._figures = dict(figures, slices=(), slice_index=-1, parts=(), live_tokens=0, has_theta=False)
+      self._figures = dict(figures, slices=(), slice_index=-1, parts=(), queued_steps=0, live_tokens=0, has_theta=False)
     return failure
 
   def _new_actor(self, slices: tuple[int, ...], now: float, status: str, theta: Theta | None,
@@ -333,6 +333,9 @@ class RayLearner:
   # Parts in flight
   def parts_in_flight(self) -> int:
     return len(self._figures["parts"])
+
+  def steps_in_flight(self) -> int:
+    return self._figures["queued_steps"]
 
   def newest_part(self) -> str:
     return self._figures["parts"][-1] if self._figures["parts"] else ""

@@ -48,6 +48,8 @@ class SliceLifecycle:
     # Real clock: learner -> the crash event armed in its program in flight, handled when the program's error surfaces
     self._surfacing: dict[int, tuple[Event, float]] = {}  # (and when it was armed)
     self._detail: dict[int, str] = {}  # learner -> how its crash surfaced, for the fault record
+    # Learner -> the modeled time of the crash armed in one of its parts in flight (None: not modeled, real clock)
+    self._armed: dict[int, float | None] = {}
 
   # Crashes -----------------------------------------------------------------------------------------
 
@@ -112,21 +114,33 @@ class SliceLifecycle:
 
     Without modeled time (the real clock) only step-scheduled crashes are armed here; a crash due at a wall time is
     armed in the program in flight when that time comes (`_surfaces`). Either surfaces when the part is awaited.
+    A part queued behind those in flight is planned from where they end: its first inner step and, under modeled
+    time, when it starts. Nothing is queued behind a part armed to crash (`doomed`): the injector holds one step.
     """
     if self.injector is None:
       return None
-    if learner.index in self._surfacing:  # (real clock) its crash fails this part (or one still in flight) now
-      self.injector.arm_next(learner.index, ends=_ends(self._surfacing[learner.index][0].payload))
+    m = learner.index
+    if m in self._surfacing:  # (real clock) its crash fails this part (or one still in flight) now
+      self.injector.arm_next(m, ends=_ends(self._surfacing[m][0].payload))
       return None
-    now = self.clock.now()
-    crash = self.crashes.in_round(learner.index, learner.slices, learner.total_steps, steps, now, modeled)
-    self.injector.arm(learner.index, None if crash is None else crash.step,
-                      ends=_ends(crash.fault if crash is not None else None))
-    if crash is None or not modeled:
+    self._armed.pop(m, None)
+    now, ahead = self.clock.now(), learner.parts_in_flight()
+    start = max(now, learner.parts_end_at(0.0)) if ahead and modeled else now
+    first = learner.total_steps + (learner.steps_in_flight() if ahead else 0)
+    crash = self.crashes.in_round(m, learner.slices, first, steps, start, modeled)
+    self.injector.arm(m, None if crash is None else crash.step, ends=_ends(crash.fault if crash is not None else None))
+    if crash is None:
+      return None
+    self._armed[m] = crash.at if modeled else None
+    if not modeled:
       return None
     if crash.fault is not None:
-      self.clock.after(crash.at - now, Event(EventKind.LEARNER_CRASH, learner.index, crash.fault))
+      self.clock.after(crash.at - now, Event(EventKind.LEARNER_CRASH, m, crash.fault))
     return crash.at
+
+  def doomed(self, learner: LearnerPort) -> bool:
+    """A crash is armed in one of the learner's parts in flight: it fails them all, so none is queued behind."""
+    return learner.index in self._armed or learner.index in self._surfacing
 
   def repair(self, slice_index: int, seconds: float) -> None:
     """The slice comes back after `seconds` of repair."""
@@ -159,6 +173,7 @@ class SliceLifecycle:
 
   def forget_work(self, m: int) -> None:
     """Nothing the learner was doing or being sent happens any more."""
+    self._armed.pop(m, None)
     if self.injector:
       self.injector.disarm(m)
     self.clock.cancel(lambda e: e.learner == m and e.kind in (EventKind.PART_DONE, EventKind.PARAMS_ARRIVED))
@@ -331,13 +346,15 @@ class SliceLifecycle:
   def snapshot(self, packer) -> dict:
     """The pool, the crash plan and which learner each lent slice runs."""
     del packer  # (plain data)
-    return dict(pool=self.pool.snapshot(), crashes=self.crashes.snapshot(), lent=sorted(self.lent.items()))
+    return dict(pool=self.pool.snapshot(), crashes=self.crashes.snapshot(), lent=sorted(self.lent.items()),
+                armed=sorted(self._armed.items()))
 
   def restore(self, saved: dict, unpacker) -> None:
     del unpacker
     self.pool.restore(saved["pool"])
     self.crashes.restore(saved["crashes"])
     self.lent = {s: m for s, m in saved["lent"]}
+    self._armed = {m: at for m, at in saved.get("armed", ())}  # (a checkpoint from before: none)
 
 
 def _ends(fault: Any) -> str:
