@@ -203,6 +203,8 @@ class RealClock:
     # something finishes instead of polling: polling took 10-15% of a core from the device threads.
     self._waiters = concurrent.futures.ThreadPoolExecutor(2 * num_learners + 2, thread_name_prefix="clock")
     self._slowdown: dict[int, float] = {}  # learner -> how much longer its parts take (a straggler)
+    # Learner -> the waiter of its part dispatched last, and when that part really ended (set by the waiter)
+    self._last_part: dict[int, tuple[concurrent.futures.Future, list[float]]] = {}
 
   def now(self) -> float:
     return (self._paused_at if self._paused_at is not None else time.perf_counter()) - self._start
@@ -273,19 +275,43 @@ class RealClock:
   def on_done(self, work: Any, modeled_seconds: float, event: Event) -> None:
     """`event` fires when `work` (a JAX result pytree or a concurrent future) finishes or fails."""
     del modeled_seconds
-    if not isinstance(work, concurrent.futures.Future):
-      slowdown = self._slowdown.get(event.learner, 1.0) if event.kind == EventKind.PART_DONE else 1.0
-      work = self._waiters.submit(self._finished_at, work, self.now(), slowdown)
+    if isinstance(work, concurrent.futures.Future):
+      pass
+    elif event.kind == EventKind.PART_DONE:
+      ended: list[float] = []
+      work = self._waiters.submit(self._part_finished_at, work, self.now(), self._slowdown.get(event.learner, 1.0),
+                                  self._last_part.get(event.learner), ended)
+      self._last_part[event.learner] = (work, ended)
+    else:
+      work = self._waiters.submit(self._finished_at, work)
     self._watching.append((work, event))
 
-  def _finished_at(self, arrays: Any, started: float, slowdown: float = 1.0) -> float:
-    """Waits (off the controller thread) for device work; returns when it really finished (for a straggler's part,
-    `slowdown` times as long after `started`, waited out here)."""
+  def _finished_at(self, arrays: Any) -> float:
+    """Waits (off the controller thread) for device work; returns when it really finished."""
     jax.block_until_ready(arrays)
-    finished = self.now()
-    if slowdown != 1.0:
-      finished = started + slowdown * (finished - started)
-      time.sleep(max(finished - self.now(), 0.0))
+    return self.now()
+
+  def _part_finished_at(self, arrays: Any, dispatched: float, slowdown: float,
+                        ahead: tuple[concurrent.futures.Future, list[float]] | None, ended: list[float]) -> float:
+    """When a learner's part finished (waited for off the controller thread). A straggler's part takes `slowdown`
+    times the time its program ran: its completion is held back, waited out here. A part queued behind another
+    starts when the one ahead finished (held back, if so) and ran from when the device reached it, so a straggler's
+    delay carries to the parts behind and each completes after the one ahead. `ended`: set to its real end."""
+    jax.block_until_ready(arrays)
+    ended.append(self.now())
+    started, ran_from = dispatched, dispatched
+    if ahead is not None:
+      future, ahead_ended = ahead
+      try:
+        held = future.result()  # (waits: the part ahead completes first)
+      except Exception:  # pylint: disable=broad-except  # (it failed: its learner went down, and this one with it)
+        held = None
+      if held is not None and ahead_ended:
+        started, ran_from = max(dispatched, held), max(dispatched, ahead_ended[0])
+    if slowdown == 1.0 and started == ran_from:
+      return ended[0]
+    finished = started + slowdown * (ended[0] - ran_from)
+    time.sleep(max(finished - self.now(), 0.0))
     return finished
 
   def cancel(self, predicate: Callable[[Event], bool]) -> None:

@@ -191,9 +191,16 @@ def describe(error: Exception) -> str:
   return f"{type(error).__name__}: {lines[-1]}"
 
 
+def fired(error: Exception, ends: str) -> bool:
+  """Whether `error` is what a crash armed here raises where it ends `ends`: a SliceCrash from its program, or (ending
+  its process, or hanging it until killed) its process lost."""
+  if ends == "program":
+    return isinstance(error, jax.errors.JaxRuntimeError) and f"{SliceCrash.__name__}: " in str(error)
+  return isinstance(error, ProcessLost)
+
+
 def slice_lost(error: Exception) -> bool:
   """True when the error lost the learner's slice: a crash injected here, the learner's process ended, or pathwaysutils
   reads it so (DATA_LOSS, DEADLINE_EXCEEDED, NOT_FOUND, INTERNAL); any other error is a program error, which no other
   slice would cure."""
-  injected = isinstance(error, jax.errors.JaxRuntimeError) and f"{SliceCrash.__name__}: " in str(error)
-  return injected or isinstance(error, ProcessLost) or multislice.slice_lost(error)
+  return fired(error, "program") or isinstance(error, ProcessLost) or multislice.slice_lost(error)

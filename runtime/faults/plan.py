@@ -156,7 +156,12 @@ class CrashPlan:
     return self._armed.get(learner)
 
   def fired(self, learner: int) -> None:
-    """The learner crashed: the step-scheduled crash its round was armed with, if any, is spent."""
+    """The step-scheduled crash the learner's round was armed with, if any, took it down: it is spent."""
     fault = self._armed.pop(learner, None)
     if fault is not None:
       self._step_crashes.remove(fault)
+
+  def disarmed(self, learner: int) -> None:
+    """The learner's round is gone before the step-scheduled crash it was armed with fired: that crash stays in the
+    plan, to fire where the learner reaches its step again."""
+    self._armed.pop(learner, None)

@@ -197,3 +197,23 @@ def test_with_crashes_injected_two_parts_in_flight_train_the_same_theta_as_one_a
         np.testing.assert_allclose(a[key], b[key], rtol=1e-12)
       elif key not in ("wall_time", "detail"):
         assert a[key] == b[key], (key, a, b)
+
+
+def test_a_learner_reset_behind_its_parts_in_flight_counts_their_steps(tiny_config, tmp_path, monkeypatch):
+  """A quarantined report's answer resets the learner from Θ behind its overlap part (void: it trained on what the
+  reset replaces). The fresh state's step count stands after that part, as the book counts it once the part is
+  collected: each part's first step is the book's steps plus those in flight, where a crash's step is planned."""
+  checked, dispatch = [], learner_lib.Learner.dispatch
+
+  def checking(self, *args, **kwargs):
+    checked.append((int(self.state.step), self.book.total_steps + self.steps_in_flight()))
+    return dispatch(self, *args, **kwargs)
+
+  monkeypatch.setattr(learner_lib.Learner, "dispatch", checking)
+  config = _overlapping(tiny_config, 2)
+  config.faults.schedule = "corrupt:learner=1,time=3,how=nan;corrupt:learner=2,time=6,how=inf"
+  result = modes.train(config, tmp_path)[0]
+  quarantined = [m for r in _records(tmp_path) if r["kind"] == "merge" for m in r["quarantined"]]
+  assert sorted(quarantined) == [1, 2], quarantined
+  assert result.tokens == config.total_steps * config.data.batch_size * config.data.seq_len
+  assert len(checked) > 20 and all(step == planned for step, planned in checked), checked

@@ -93,11 +93,30 @@ def test_a_real_stragglers_part_finishes_factor_times_as_long_after_it_began():
   clock.resume()
   done = jax.block_until_ready(jax.device_put(np.zeros(4)))
   began, waited = clock.now() - 0.1, time.perf_counter()
-  finished = clock._finished_at(done, began, 3.0)  # pylint: disable=protected-access
+  finished = clock._part_finished_at(done, began, 3.0, None, [])  # pylint: disable=protected-access
   assert finished == pytest.approx(began + 0.3, abs=0.02)
   assert time.perf_counter() - waited >= 0.18 and clock.now() >= finished
   clock.set_slowdown(1, 3.0)
   clock.on_done(jax.device_put(np.zeros(4)), 0.0, Event(EventKind.PART_DONE, 0))  # not straggling: at once
   at, event = clock.next_event()
   assert event.learner == 0 and at <= clock.now() < at + 0.05
+  clock.close()
+
+
+def test_a_real_stragglers_queued_part_is_slowed_from_where_the_part_ahead_ended():
+  """Queued 0.5 s ago behind a part that really ended 0.1 s ago and is handed back 0.4 s from now, a part done now
+  ran 0.1 s on the device: at twice as long, it is handed back 0.2 s after the part ahead (not 2 × 0.5 s after it
+  was queued, which let a straggler of factor <= 2 keep pace with two parts in flight)."""
+  clock = RealClock(ClockConfig(kind="real"), num_learners=1, seed=0)
+  clock.resume()
+  done = jax.block_until_ready(jax.device_put(np.zeros(4)))
+  now, ahead = clock.now(), concurrent.futures.Future()
+  ahead.set_result(now + 0.4)
+  finished = clock._part_finished_at(done, now - 0.5, 2.0, (ahead, [now - 0.1]), [])  # pylint: disable=protected-access
+  assert finished == pytest.approx(now + 0.6, abs=0.03) and clock.now() >= finished
+  failed = concurrent.futures.Future()
+  failed.set_exception(RuntimeError("its slice crashed"))  # a failed part ahead: this one's own time alone
+  now = clock.now()
+  finished = clock._part_finished_at(done, now - 0.1, 2.0, (failed, [now]), [])  # pylint: disable=protected-access
+  assert finished == pytest.approx(now + 0.1, abs=0.03)
   clock.close()

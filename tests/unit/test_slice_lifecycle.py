@@ -19,19 +19,21 @@ from runtime.faults.plan import timed_events
 class _Harness:
   """A slice lifecycle over fake learners, a virtual clock, and records of the losses and pulls of Θ it made."""
 
-  def __init__(self, config, slices_of):
+  def __init__(self, config, slices_of, injector=False):
     self.run = modes.prepare(config)
     self.clock = make_clock(self.run.clock, self.run.learners, self.run.seed)
     self.learners = [FakeLearner(m, slices_of(m)) for m in range(self.run.learners)]
     self.log, self.post = FakeLog(), FakePost(self.clock)
     self.budget = FakeBudget(self.clock, self.log, Ledger(self.run.num_slices))
     devices = [[d] for d in jax.devices()[:self.run.num_slices]]
+    armed = injection.Injector(self.run.learners, self.run.faults.schedule) if injector else None
     self.slices = SliceLifecycle(
-        self.run, devices, None, self.clock, self.learners, FakeSyncer(), self.budget, self.post, self.log,
+        self.run, devices, armed, self.clock, self.learners, FakeSyncer(), self.budget, self.post, self.log,
         policy=SeveralSlices if self.run.slices_per_learner > 1 else OneSlice)
     self.pulled = self.post.pulled
     self.handlers = {EventKind.SLICE_REPAIRED: self.slices.on_slice_repaired, EventKind.REJOIN: self.slices.on_rejoin,
-                     EventKind.SLICE_CRASH: self.slices.on_slice_crash}
+                     EventKind.SLICE_CRASH: self.slices.on_slice_crash,
+                     EventKind.LEARNER_CRASH: self.slices.on_learner_crash}
 
   def run_events(self) -> list[tuple[float, str]]:
     """Handles every scheduled event the lifecycle knows (others are only listed); returns (time, kind) of each."""
@@ -167,3 +169,26 @@ def test_a_learner_of_two_slices_losing_one_has_both_settled_at_the_end_its_fail
   h.slices.on_learner_crash(Event(kind, m, fault))
   assert h.slices.pool.take_crashed() == [2, 3]
   assert h.slices.pool.is_repairing(3) and not h.slices.pool.is_repairing(2)  # slice 2 trains on
+
+
+def test_a_step_crash_armed_in_a_round_that_another_failure_took_stays_planned_and_fires_once(tiny_config):
+  """A learner armed to crash at inner step 6 is taken down first by its process's death: the step crash never
+  fired, so its event is dropped and it stays in the plan; armed again when the learner next reaches step 6, it
+  fires there, once (before, the death spent it and its event crashed the learner later, wherever it then was)."""
+  tiny_config.learners, tiny_config.faults.schedule = 2, "crash:learner=1,step=6,repair=1"
+  h = _Harness(tiny_config, lambda m: (m,), injector=True)
+  learner = h.learners[1]
+  learner.total_steps = 4
+  assert h.slices.arm_crash(learner, 4, 4.0) == 2.0  # (steps 4-7 over 4 s from t=0: step 6 at 2 s)
+  assert h.slices.doomed(learner)
+  learner.lost = injection.ProcessLost(1, "ActorDiedError: the actor died")
+  h.slices.crash_lost()
+  assert not h.slices.doomed(learner) and h.slices.crashes.snapshot()["step_crashes"] == [0]
+  assert [kind for _, kind in h.run_events()] == [EventKind.SLICE_REPAIRED]  # (no crash event left)
+  assert learner.status == WAITING and h.log.kinds() == ["crash", "rejoin"]
+  start = h.clock.now()
+  assert h.slices.arm_crash(learner, 4, 4.0) == start + 2.0  # the same step, in the round it trains again
+  learner.status = "training"
+  assert [kind for _, kind in h.run_events()] == [EventKind.LEARNER_CRASH, EventKind.SLICE_REPAIRED]
+  assert h.log.kinds() == ["crash", "rejoin", "crash", "rejoin"]
+  assert h.slices.crashes.snapshot()["step_crashes"] == []  # spent by the crash it caused

@@ -146,14 +146,15 @@ class Learner:
       self.uplink.move(move)
 
   def reset(self, theta_host: PyTree, version: int, now: float) -> None:
-    """Starts from Θ with fresh inner optimizer state (initial start, rejoin, quarantine)."""
+    """Starts from Θ with fresh inner optimizer state (initial start, rejoin, quarantine); its step count stands after
+    the parts in flight (adopted behind them: they are void, and book their steps when collected)."""
     params = tree_transfer.copy_to(theta_host, self.param_sharding)
     self.fragments.bind(theta_host)
     if self.downlink:
       self.downlink.hold(theta_host, version)
     if self.uplink:
       self.uplink.start(params)
-    self.state = self._init(params, self.book.total_steps)
+    self.state = self._init(params, self.book.total_steps + self.steps_in_flight())
     self._new_round(version, now)
 
   def warm_up(self, theta_host: PyTree, host_sharding: jax.sharding.Sharding, where: tuple | None = None) -> None:

@@ -50,6 +50,7 @@ class SliceLifecycle:
     self._detail: dict[int, str] = {}  # learner -> how its crash surfaced, for the fault record
     # Learner -> the modeled time of the crash armed in one of its parts in flight (None: not modeled, real clock)
     self._armed: dict[int, float | None] = {}
+    self._firing: set[int] = set()  # learners its armed step-scheduled crash is taking down now
 
   # Crashes -----------------------------------------------------------------------------------------
 
@@ -68,7 +69,10 @@ class SliceLifecycle:
     self.crashes.happened("learner", event.learner)
     learner = self.learners[event.learner]
     if learner.status not in (DOWN, DONE, FAILED, ABSENT) and not self._surfaces(learner, event):
+      if _step_crash(event):  # (armed in its round by arm_crash: that crash fires)
+        self._firing.add(learner.index)
       self._crash_now(event, learner)
+      self._firing.discard(learner.index)  # (spent by settle_plan if its round went down)
 
   def _crash_now(self, event: Event, learner: LearnerPort | None) -> None:
     """The crash `event` takes its slice (whoever runs on it) or its learner down now."""
@@ -150,9 +154,8 @@ class SliceLifecycle:
     """Removes the learner's future and loses its unmerged work, recorded as `fault` (kind) for `why` (and `how` its
     failure went); it is DOWN (to return) or FAILED (for good)."""
     failure = learner.fail(self.clock.now(), status)
-    self._surfacing.pop(learner.index, None)
     failure = dataclasses.replace(failure, detail=failure.detail + self.take_detail(learner.index))
-    self.crashes.fired(learner.index)
+    self.settle_plan(learner.index)
     self.budget.lose(failure.unmerged_tokens, failure.lost_seconds,
                      (fault, learner.index, why + failure.detail if how else why))
     self.forget_work(learner.index)
@@ -171,12 +174,24 @@ class SliceLifecycle:
     """A learner (re)starting from Θ (rejoin, join) pulls it whole; its first round starts when it has arrived."""
     self._post.pull(learner.index, learner.round)
 
+  def settle_plan(self, m: int) -> None:
+    """The learner's parts in flight are gone: the step-scheduled crash armed in them is spent if it is what took
+    them (`_firing`), else it stays in the plan and its modeled event is cancelled."""
+    if m in self._firing:
+      self._firing.discard(m)
+      self.crashes.fired(m)
+      return
+    self.crashes.disarmed(m)
+    self.clock.cancel(lambda e: e.learner == m and _step_crash(e))
+
   def forget_work(self, m: int) -> None:
-    """Nothing the learner was doing or being sent happens any more."""
+    """Nothing the learner was doing or being sent happens any more (a crash armed in it included)."""
     self._armed.pop(m, None)
+    self._surfacing.pop(m, None)
     if self.injector:
       self.injector.disarm(m)
-    self.clock.cancel(lambda e: e.learner == m and e.kind in (EventKind.PART_DONE, EventKind.PARAMS_ARRIVED))
+    self.clock.cancel(lambda e: e.learner == m and (e.kind in (EventKind.PART_DONE, EventKind.PARAMS_ARRIVED)
+                                                    or _step_crash(e)))
 
   def crash(self, learner: LearnerPort, why: str, repair: float | None = None) -> None:
     """Removes the learner's future, writes off its unmerged work, and arranges its return (all its slices lost)."""
@@ -190,12 +205,15 @@ class SliceLifecycle:
         self._crash_surfaced(learner, f", {where}: {injection.describe(error)}")
       else:  # (a step-scheduled crash armed in it, under the real clock: its repair time, and the slice it fails)
         fault, why = self.crashes.armed(learner.index), f"{where}: {injection.describe(error)}"
+        if fault is not None and injection.fired(error, fault.ends):  # (else its round went down to another loss)
+          self._firing.add(learner.index)
         repair = fault.repair if fault is not None and fault.repair >= 0 else None
         if fault is not None and fault.slice >= 0 and self.run.slices_per_learner > 1:  # (one of its slices)
           self._detail[learner.index] = f", {why}"
           self._policy.learner_crashed(learner, fault.slice, repair)
         else:
           self.crash(learner, why, repair)
+        self._firing.discard(learner.index)
     else:
       self._stop(learner, f"{where}: {injection.describe(error)}", error)
 
@@ -347,7 +365,7 @@ class SliceLifecycle:
     """The pool, the crash plan and which learner each lent slice runs."""
     del packer  # (plain data)
     return dict(pool=self.pool.snapshot(), crashes=self.crashes.snapshot(), lent=sorted(self.lent.items()),
-                armed=sorted(self._armed.items()))
+                armed=sorted({**dict.fromkeys(self._surfacing), **self._armed}.items()))  # (surfacing: doomed too)
 
   def restore(self, saved: dict, unpacker) -> None:
     del unpacker
@@ -355,6 +373,11 @@ class SliceLifecycle:
     self.crashes.restore(saved["crashes"])
     self.lent = {s: m for s, m in saved["lent"]}
     self._armed = {m: at for m, at in saved.get("armed", ())}  # (a checkpoint from before: none)
+
+
+def _step_crash(event: Event) -> bool:
+  """The event is a step-scheduled crash's, scheduled where it falls in a round armed with it (`arm_crash`)."""
+  return event.kind == EventKind.LEARNER_CRASH and isinstance(event.payload, Fault) and event.payload.step >= 0
 
 
 def _ends(fault: Any) -> str:

@@ -86,7 +86,7 @@ class SeveralSlices:
     resume = learner.resume_kind()
     was_reconfiguring = learner.status == RECONFIGURING
     failure = learner.lose_part(now)
-    self._slices.crashes.fired(m)
+    self._slices.settle_plan(m)
     if self._slices.injector:
       self._slices.injector.disarm(m)
     self._clock.cancel(lambda e: e.learner == m and e.kind == EventKind.PART_DONE)
