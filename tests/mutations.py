@@ -63,6 +63,11 @@ MUTATIONS = {
     "part_queued_behind_one_armed_to_crash": (
         "runtime/diloco/slices/lifecycle.py", "return learner.index in self._armed or learner.index in self._surfacing",
         "return learner.index in self._surfacing", _CRASHES_IN_FLIGHT_TEST),
+    "program_error_at_a_queued_dispatch_stops_at_once": (
+        "runtime/diloco/slices/lifecycle.py", "    if not learner.parts_in_flight() or injection.slice_lost(error):",
+        "    if True:",
+        "tests/integration/test_program_errors.py::"
+        "test_a_program_error_dispatching_a_queued_part_stops_its_learner_when_the_part_ahead_ends"),
     "void_part_books_its_tokens": (
         "runtime/diloco/learner/book.py", "    if not void:\n", "    if True:\n",
         "tests/integration/test_parts_in_flight.py::"

@@ -126,7 +126,8 @@ class Rounds:
         part = learner.dispatch(kind, steps, now, modeled, armed=crash_at is not None, schedule_at=at,
                                 ahead=self._ahead(learner, kind, steps, now, modeled))
     except Exception as error:  # pylint: disable=broad-except
-      self._slices.failed(learner, "at dispatch", error)
+      if not self._slices.hold_stop(learner, "at dispatch", error):
+        self._slices.failed(learner, "at dispatch", error)
       return False
     self._budget.dispatched(tokens)
     self._clock.on_done(part.future, part.queued_seconds + modeled,
@@ -151,6 +152,8 @@ class Rounds:
       self._deadlines.observe(learner.index, learner.seconds_per_step(part))
     if part.kind == MAIN:
       self._send_report(learner, now)
+    if self._slices.stop_held(learner):  # a program error held at a queued dispatch: the parts ahead are done
+      return
     if learner.parts_in_flight():  # its next part runs already
       self.top_up(learner)
       return

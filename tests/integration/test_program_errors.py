@@ -16,6 +16,7 @@ from runtime.train.harness import Experiment
 from runtime.faults import injection
 from runtime.config.faults import parse_schedule
 from runtime.reporting.metrics import without_wall_time
+from test_parts_in_flight import _overlapping
 from test_resume import _newest_sound_meta
 
 BUG = "INVALID_ARGUMENT: Executable expected parameter 0 of size 1024 but got buffer with incompatible size 2048"
@@ -168,3 +169,38 @@ def test_a_learner_stopped_by_a_program_error_gives_back_the_windows_it_leased_a
   end = max(b for m, _, b in result.details["merged_ranges"] if m == 1)
   assert end > 0 and len(controller.learners[1].leases()) == end * controller.run.learner_batch(1)
   assert result.tokens == controller.run.token_budget
+
+
+def test_a_program_error_dispatching_a_queued_part_stops_its_learner_when_the_part_ahead_ends(tiny_config,
+                                                                                           monkeypatch):
+  """Two parts in flight: the dispatch of learner 1's part queued behind its running overlap part raises a program
+  error. That part runs to its end and the learner stops then, once, as one part at a time stops it (its dispatch at
+  that part's end fails): the same records and Θ; before, the running part was cut off at the failed dispatch."""
+  failed, real = [], Learner.dispatch
+
+  def failing(learner, kind, steps, now, *args, **kwargs):
+    if learner.index == 1 and now >= 3.0:
+      failed.append((now, len(learner.parts)))
+      raise jax.errors.JaxRuntimeError(BUG)
+    return real(learner, kind, steps, now, *args, **kwargs)
+
+  monkeypatch.setattr(Learner, "dispatch", failing)
+  runs = {}
+  for depth in (1, 2):
+    failed.clear()
+    config = _overlapping(tiny_config, depth)
+    runs[depth] = _controller(config).train(), list(failed)
+  (one, one_failed), (two, two_failed) = runs[1], runs[2]
+  assert [parts for _, parts in one_failed] == [0] and [parts for _, parts in two_failed] == [1]
+  assert two_failed[0][0] < one_failed[0][0]  # (queued while its overlap part ran)
+  stop, = _faults(one, "program_error")
+  assert stop["time"] == one_failed[0][0]
+  for a, b in zip(one.records, two.records, strict=True):  # (modeled times summed in another order: see the test)
+    assert a.keys() == b.keys() and a["kind"] == b["kind"]
+    for key in set(a) - {"wall_time"}:
+      if key in ("time", "grace", "busy", "goodput"):
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-12)
+      else:
+        assert a[key] == b[key], (key, a, b)
+  for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(two.params), strict=True):
+    np.testing.assert_array_equal(a, b)

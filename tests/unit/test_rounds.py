@@ -33,7 +33,8 @@ def _rounds(tiny_config, drop=False):
               for m in range(run.learners)]
   slices = types.SimpleNamespace(regroup_due=lambda learner, kind: False, step_scale=lambda learner: 1.0,
                                  arm_crash=lambda learner, steps, modeled: None, failed=None,
-                                 crashed_idle=lambda learner: False)
+                                 crashed_idle=lambda learner: False, doomed=lambda learner: False,
+                                 hold_stop=lambda learner, where, error: False, stop_held=lambda learner: False)
   log, links, ledger, syncer = FakeLog(), _Links(drop), Ledger(run.num_slices), FakeSyncer()
   post = ThetaPost(clock, links)
   budget = Budget(run, clock, learners, syncer, post, ledger, log)

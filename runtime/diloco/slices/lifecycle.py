@@ -51,6 +51,7 @@ class SliceLifecycle:
     # Learner -> the modeled time of the crash armed in one of its parts in flight (None: not modeled, real clock)
     self._armed: dict[int, float | None] = {}
     self._firing: set[int] = set()  # learners its armed step-scheduled crash is taking down now
+    self._held: dict[int, tuple[str, Exception]] = {}  # learner -> a program error held until its parts end
 
   # Crashes -----------------------------------------------------------------------------------------
 
@@ -143,8 +144,25 @@ class SliceLifecycle:
     return crash.at
 
   def doomed(self, learner: LearnerPort) -> bool:
-    """A crash is armed in one of the learner's parts in flight: it fails them all, so none is queued behind."""
-    return learner.index in self._armed or learner.index in self._surfacing
+    """A crash is armed in one of the learner's parts in flight (it fails them all), or a program error is held for
+    when they end: none is queued behind them."""
+    return learner.index in self._armed or learner.index in self._surfacing or learner.index in self._held
+
+  def hold_stop(self, learner: LearnerPort, where: str, error: Exception) -> bool:
+    """A program error (no lost slice) raised by the dispatch of a part queued behind others: the parts ahead finish
+    and report, and it stops the learner then (`stop_held`), as at their end one part at a time. True if held."""
+    if not learner.parts_in_flight() or injection.slice_lost(error):
+      return False
+    self._held[learner.index] = (where, error)
+    return True
+
+  def stop_held(self, learner: LearnerPort) -> bool:
+    """Stops the learner for its held program error once no part of it is in flight; True if it stopped."""
+    if learner.index not in self._held or learner.parts_in_flight():
+      return False
+    where, error = self._held.pop(learner.index)
+    self._stop(learner, f"{where}: {injection.describe(error)}", error)
+    return True
 
   def repair(self, slice_index: int, seconds: float) -> None:
     """The slice comes back after `seconds` of repair."""
@@ -188,6 +206,7 @@ class SliceLifecycle:
     """Nothing the learner was doing or being sent happens any more (a crash armed in it included)."""
     self._armed.pop(m, None)
     self._surfacing.pop(m, None)
+    self._held.pop(m, None)
     if self.injector:
       self.injector.disarm(m)
     self.clock.cancel(lambda e: e.learner == m and (e.kind in (EventKind.PART_DONE, EventKind.PARAMS_ARRIVED)
