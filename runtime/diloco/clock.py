@@ -296,8 +296,13 @@ class RealClock:
     """When a learner's part finished (waited for off the controller thread). A straggler's part takes `slowdown`
     times the time its program ran: its completion is held back, waited out here. A part queued behind another
     starts when the one ahead finished (held back, if so) and ran from when the device reached it, so a straggler's
-    delay carries to the parts behind and each completes after the one ahead. `ended`: set to its real end."""
-    jax.block_until_ready(arrays)
+    delay carries to the parts behind and each completes (or fails) after the one ahead. `ended`: set to its real
+    end."""
+    failure = None
+    try:
+      jax.block_until_ready(arrays)
+    except Exception as error:  # pylint: disable=broad-except  # (raised once the part ahead is handed back)
+      failure = error
     ended.append(self.now())
     started, ran_from = dispatched, dispatched
     if ahead is not None:
@@ -308,6 +313,8 @@ class RealClock:
         held = None
       if held is not None and ahead_ended:
         started, ran_from = max(dispatched, held), max(dispatched, ahead_ended[0])
+    if failure is not None:
+      raise failure
     if slowdown == 1.0 and started == ran_from:
       return ended[0]
     finished = started + slowdown * (ended[0] - ran_from)
@@ -316,6 +323,9 @@ class RealClock:
 
   def cancel(self, predicate: Callable[[Event], bool]) -> None:
     self._timeline = self._timeline.without(predicate)
+    for work, event in (w for w in self._watching if predicate(w[1])):  # (a cancelled part is followed by none)
+      if event.kind == EventKind.PART_DONE and self._last_part.get(event.learner, (None,))[0] is work:
+        del self._last_part[event.learner]
     self._watching = [w for w in self._watching if not predicate(w[1])]
 
   def amend(self, predicate: Callable[[Event], bool], change: Callable[[Event], Event]) -> None:

@@ -1,6 +1,7 @@
 """The clocks on their own: event order, cancellation, modeled durations."""
 
 import concurrent.futures
+import threading
 import time
 
 import jax
@@ -119,4 +120,29 @@ def test_a_real_stragglers_queued_part_is_slowed_from_where_the_part_ahead_ended
   now = clock.now()
   finished = clock._part_finished_at(done, now - 0.1, 2.0, (failed, [now]), [])  # pylint: disable=protected-access
   assert finished == pytest.approx(now + 0.1, abs=0.03)
+  clock.close()
+
+
+class _FailedPart:
+  """A part's outputs whose program failed: awaiting them raises."""
+
+  def block_until_ready(self):
+    raise RuntimeError("its slice crashed")
+
+
+def test_a_queued_part_that_failed_is_handed_back_after_the_part_ahead():
+  """The part behind a straggler's held-back part fails on its device at once: its failure surfaces only once the
+  part ahead is handed back, so the controller collects that one first (not at the failure's time); and a part whose
+  waiter was cancelled is followed by none."""
+  clock = RealClock(ClockConfig(kind="real"), num_learners=1, seed=0)
+  clock.resume()
+  ahead = concurrent.futures.Future()
+  threading.Timer(0.2, lambda: ahead.set_result(clock.now())).start()
+  began = time.perf_counter()
+  with pytest.raises(RuntimeError, match="its slice crashed"):
+    clock._part_finished_at(_FailedPart(), clock.now(), 1.0, (ahead, [clock.now()]), [])  # pylint: disable=protected-access
+  assert time.perf_counter() - began >= 0.18
+  clock.on_done(jax.device_put(np.zeros(4)), 0.0, Event(EventKind.PART_DONE, 0))
+  clock.cancel(lambda e: e.learner == 0)
+  assert not clock._last_part  # pylint: disable=protected-access
   clock.close()
