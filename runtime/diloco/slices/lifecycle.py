@@ -48,8 +48,7 @@ class SliceLifecycle:
     # Real clock: learner -> the crash event armed in its program in flight, handled when the program's error surfaces
     self._surfacing: dict[int, tuple[Event, float]] = {}  # (and when it was armed)
     self._detail: dict[int, str] = {}  # learner -> how its crash surfaced, for the fault record
-    # Learner -> the modeled time of the crash armed in one of its parts in flight (None: not modeled, real clock)
-    self._armed: dict[int, float | None] = {}
+    self._armed: set[int] = set()  # learners with a crash armed in one of their parts in flight
     self._firing: set[int] = set()  # learners its armed step-scheduled crash is taking down now
     self._held: dict[int, tuple[str, Exception]] = {}  # learner -> a program error held until its parts end
 
@@ -128,7 +127,7 @@ class SliceLifecycle:
     if m in self._surfacing:  # (real clock) its crash fails this part (or one still in flight) now
       self.injector.arm_next(m, ends=_ends(self._surfacing[m][0].payload))
       return None
-    self._armed.pop(m, None)
+    self._armed.discard(m)
     now, ahead = self.clock.now(), learner.parts_in_flight()
     start = max(now, learner.parts_end_at(0.0)) if ahead and modeled else now
     first = learner.total_steps + (learner.steps_in_flight() if ahead else 0)
@@ -136,7 +135,7 @@ class SliceLifecycle:
     self.injector.arm(m, None if crash is None else crash.step, ends=_ends(crash.fault if crash is not None else None))
     if crash is None:
       return None
-    self._armed[m] = crash.at if modeled else None
+    self._armed.add(m)
     if not modeled:
       return None
     if crash.fault is not None:
@@ -173,7 +172,6 @@ class SliceLifecycle:
     failure went); it is DOWN (to return) or FAILED (for good)."""
     failure = learner.fail(self.clock.now(), status)
     failure = dataclasses.replace(failure, detail=failure.detail + self.take_detail(learner.index))
-    self.settle_plan(learner.index)
     self.budget.lose(failure.unmerged_tokens, failure.lost_seconds,
                      (fault, learner.index, why + failure.detail if how else why))
     self.forget_work(learner.index)
@@ -204,13 +202,13 @@ class SliceLifecycle:
 
   def forget_work(self, m: int) -> None:
     """Nothing the learner was doing or being sent happens any more (a crash armed in it included)."""
-    self._armed.pop(m, None)
+    self.settle_plan(m)
+    self._armed.discard(m)
     self._surfacing.pop(m, None)
     self._held.pop(m, None)
     if self.injector:
       self.injector.disarm(m)
-    self.clock.cancel(lambda e: e.learner == m and (e.kind in (EventKind.PART_DONE, EventKind.PARAMS_ARRIVED)
-                                                    or _step_crash(e)))
+    self.clock.cancel(lambda e: e.learner == m and e.kind in (EventKind.PART_DONE, EventKind.PARAMS_ARRIVED))
 
   def crash(self, learner: LearnerPort, why: str, repair: float | None = None) -> None:
     """Removes the learner's future, writes off its unmerged work, and arranges its return (all its slices lost)."""
@@ -384,14 +382,14 @@ class SliceLifecycle:
     """The pool, the crash plan and which learner each lent slice runs."""
     del packer  # (plain data)
     return dict(pool=self.pool.snapshot(), crashes=self.crashes.snapshot(), lent=sorted(self.lent.items()),
-                armed=sorted({**dict.fromkeys(self._surfacing), **self._armed}.items()))  # (surfacing: doomed too)
+                armed=sorted(self._armed | set(self._surfacing)))  # (a surfacing crash: doomed too)
 
   def restore(self, saved: dict, unpacker) -> None:
     del unpacker
     self.pool.restore(saved["pool"])
     self.crashes.restore(saved["crashes"])
     self.lent = {s: m for s, m in saved["lent"]}
-    self._armed = {m: at for m, at in saved.get("armed", ())}  # (a checkpoint from before: none)
+    self._armed = set(saved.get("armed", ()))  # (a checkpoint from before: none)
 
 
 def _step_crash(event: Event) -> bool:
