@@ -150,7 +150,7 @@ class Controller:
         learner.finish(now)
       self.slices.settle()
       self.log.evaluate(self.syncer.params, self.syncer.version, self.clock.now(), self.clock.wall_stamp(), force=True)
-      self.durability.finish()
+      self.durability.finish(self.slices.crash_lost, tries=len(self.learners))
       result = self.log.result(self.learners, self.budget.ledger, now, self.clock.virtual_seconds(), self.syncer.params)
       result.extras.update(self.durability.figures())
       result.extras.update(self.membership.figures(now))

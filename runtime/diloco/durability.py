@@ -11,7 +11,7 @@ import json
 import os
 import pathlib
 import time
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -72,13 +72,17 @@ class Durability:
     return (f"checkpoint {self.merges_done} saved" if fresh else
             f"checkpoint {self.merges_done} (saved at that merge) kept; the work since is done again")
 
-  def finish(self) -> None:
-    """The run ended: a final checkpoint (unless it was restored from one), and every save finished."""
+  def finish(self, crash_lost: Callable[[], None], tries: int) -> None:
+    """The run ended: a final checkpoint (unless it was restored from one), and every save finished. A learner whose
+    process is found ended as its state is taken crashes (`crash_lost`, as in the run: a new process holds its book)
+    and the checkpoint is taken again, up to `tries` times."""
     if self.checkpoints is None:
       return
     if not self.finished:  # a rerun of the finished run resumes from here, and only reports
       self.finished = True
-      self.save(self.merges_done + 1)
+      while not self.save(self.merges_done + 1) and tries > 0:
+        crash_lost()
+        tries -= 1
     self.checkpoints.close()
 
   def close(self) -> None:
@@ -90,8 +94,9 @@ class Durability:
     return self.checkpoints is not None and (self._schedule.due(self.merges_done, self._clock.now())
                                              or self._by_wall.due(0, time.monotonic()))
 
-  def save(self, step: int) -> None:
-    """Saves everything that decides the rest of the run, holding the controller up only for its snapshot.
+  def save(self, step: int) -> bool:
+    """Saves everything that decides the rest of the run, holding the controller up only for its snapshot; False
+    (nothing saved) where a learner's process was found ended.
 
     It also waits if the previous save is still gathering (which includes orbax waiting for the write before).
     The arrays are gathered to the host on the checkpoint thread (learners' states are copied on their slices
@@ -104,7 +109,7 @@ class Durability:
                   **{key: part.snapshot(packer) for key, part in self._parts})
     except injection.ProcessLost as lost:  # its crash comes first (the controller's loop): the save stays due
       logging.warning("%s: checkpoint %d not saved: %s", self._name, step, lost)
-      return
+      return False
     meta = json.loads(json.dumps(meta))  # a copy, made now: the run goes on changing the lists it was built from
     groups, failed_elsewhere = packer.groups, dict(packer.failed)
 
@@ -121,6 +126,7 @@ class Durability:
     self._schedule.done(self.merges_done, self._clock.now())
     self._by_wall.done(0, time.monotonic())
     self.saves.append((self._clock.now(), time.perf_counter() - start, self.finished))
+    return True
 
   def figures(self) -> dict:
     """What the periodic saves held the controller up (ms), their number and mean interval (the run's clock, s)."""

@@ -196,3 +196,26 @@ def test_under_the_real_clock_a_learner_of_two_slices_grows_onto_a_spare_in_a_ne
   for m in range(2):  # no batch of a learner's data twice
     ranges = sorted((a, b) for who, a, b in controller.log.merged_ranges if who == m)
     assert all(b <= a for (_, b), (a, _) in zip(ranges, ranges[1:])), ranges
+
+
+def test_a_learner_whose_process_is_found_ended_as_the_run_finishes_still_has_the_final_checkpoint_saved(
+    cluster, tmp_path):
+  # Learner 1's process SIGKILLed once the budget is merged, as the run marks its learners done: its death is found
+  # there (not by a merge's checkpoint), it crashes as in the run, and the final checkpoint is saved with its book
+  # (its new actor answers for it); a rerun resumes from that checkpoint and only reports
+  del cluster
+  config = _smoke("ray")
+  config.checkpoint_every = 100  # (none before the end: the final one, due at the finish, is the one kept)
+  run = modes.prepare(config)
+  controller = Controller(run, Experiment(run), tmp_path, "decoupled")
+  learner, first = controller.learners[1], controller.learners[1].pids
+  finish = controller.slices.settle  # (the run's end: after its loop, once every learner has finished)
+  controller.slices.settle = lambda: os.kill(first[0], signal.SIGKILL) or time.sleep(0.5) or finish()
+  result = controller.train()
+  assert learner.pids != first and result.tokens == run.token_budget
+  assert [(r["fault"], r["learner"]) for r in _records(tmp_path / "decoupled") if r["kind"] == "fault"] == [
+      ("crash", 1)]
+  assert controller.durability.finished and [final for _, _, final in controller.durability.saves] == [True]
+  records = _records(tmp_path / "decoupled")
+  again = Controller(run, Experiment(run), tmp_path, "decoupled").train()  # (resumed from the final checkpoint)
+  assert again.final_eval_loss == result.final_eval_loss and _records(tmp_path / "decoupled") == records

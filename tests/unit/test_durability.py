@@ -6,6 +6,7 @@ import numpy as np
 from runtime.diloco.clock import Event, EventKind, make_clock
 from runtime.diloco.durability import Durability, first_layout
 from runtime.experiments import modes
+from runtime.faults import injection
 
 
 class _Part:
@@ -83,14 +84,53 @@ def test_a_finished_run_saves_once_more_and_a_rerun_of_it_saves_nothing(tiny_con
   run = modes.prepare(tiny_config)
   durability = _durability(run, tmp_path, _parts(run, version=1))
   durability.merged()
-  durability.finish()
+  durability.finish(_no_crash, tries=1)
   assert [final for _, _, final in durability.saves] == [True]
   again = _durability(run, tmp_path, _parts(run, version=0))
   again.restore()
   assert again.finished and again.merges_done == 1
-  again.finish()
+  again.finish(_no_crash, tries=1)
   assert not again.saves
   assert set(again.figures()) == set() and np.isfinite(durability.figures()["final_save_ms"])
+
+
+def _no_crash() -> None:
+  raise AssertionError("no learner's process was found ended")
+
+
+class _LostLearners(_Part):
+  """Learners of which `lost` processes are found ended, one at each snapshot, until the controller crashes them."""
+
+  def __init__(self, lost: int):
+    super().__init__([dict(steps=3)], lost=lost, found=0, crashed=0)
+
+  def snapshot(self, packer) -> dict:
+    if self.found < self.lost:
+      self.found += 1
+      raise injection.ProcessLost(self.found, "process ended")
+    return super().snapshot(packer)
+
+  def crash_lost(self) -> None:
+    self.crashed += 1
+
+
+def test_a_learner_found_ended_by_the_final_checkpoint_is_crashed_and_the_checkpoint_taken_again(tiny_config,
+                                                                                                  tmp_path):
+  # (a learner in a Ray actor: its process found ended as its state is taken; its new process holds its book)
+  tiny_config.checkpoint_every = 5
+  run = modes.prepare(tiny_config)
+  parts = dict(_parts(run, version=1), learners=_LostLearners(lost=2))
+  durability = _durability(run, tmp_path, parts)
+  durability.finish(parts["learners"].crash_lost, tries=3)
+  assert parts["learners"].crashed == 2 and [final for _, _, final in durability.saves] == [True]
+  again = _durability(run, tmp_path, _parts(run, version=0))
+  again.restore()
+  assert again.finished
+  again.checkpoints.close()
+  never = dict(_parts(run, version=1), learners=_LostLearners(lost=5))  # (new processes that keep dying: it gives up)
+  durability = _durability(run, tmp_path / "never", never)
+  durability.finish(never["learners"].crash_lost, tries=3)
+  assert never["learners"].crashed == 3 and not durability.saves
 
 
 def test_a_checkpoint_of_the_first_layout_resumes_with_each_owners_state_under_its_key():
