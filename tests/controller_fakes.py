@@ -139,8 +139,8 @@ class FakeLog:
     self.merged_ranges: list = []
     self.merges: list[tuple] = []
 
-  def fault(self, kind: str, learner: int, now: float, detail: str) -> None:
-    self.faults.append(dict(fault=kind, learner=learner, time=now, detail=detail))
+  def fault(self, kind: str, learner: int, now: float, detail: str, **cost: float) -> None:
+    self.faults.append(dict(fault=kind, learner=learner, time=now, detail=detail, **cost))
 
   def merged(self, report) -> None:
     self.merged_ranges.append(report.learner)

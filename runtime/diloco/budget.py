@@ -51,13 +51,14 @@ class Budget:
     """Work lost before it reached Θ: the fault (kind, learner, detail) recorded, its `tokens` back into the budget
     (their data is served again) and its `seconds` of slice time booked lost."""
     if fault is not None:
-      self._log.fault(fault[0], fault[1], self._clock.now(), fault[2])
+      self._log.fault(fault[0], fault[1], self._clock.now(), fault[2], tokens_written_off=int(tokens),
+                      slice_seconds_lost=float(seconds))
     self.tokens_dispatched -= tokens
     for learner in self._learners:
       if tokens and learner.status == DONE:  # finished learners take the returned budget, from the current Θ
         learner.wait(self._clock.now())
         self._post.send(learner.index, self._syncer.latest(learner.round))  # pulled whole
-    self.ledger.lost(seconds)
+    self.ledger.lost(seconds, tokens)
 
   def snapshot(self, packer) -> dict:
     del packer  # (plain data)

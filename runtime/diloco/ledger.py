@@ -1,5 +1,6 @@
 """Availability accounting: goodput (slice time whose work reached Θ) and uptime."""
 
+import math
 from typing import Sequence
 
 
@@ -10,14 +11,18 @@ class Ledger:
     self.num_slices = num_slices
     self.useful_seconds = 0.0  # slice-seconds of merged work
     self.lost_seconds = 0.0  # slice-seconds of work that crashed, was dropped or quarantined
+    # tokens trained (or in flight) that never reached Θ, their data served again (NaN: resumed from a checkpoint
+    # that did not count them)
+    self.lost_tokens: float = 0
     self.lent_seconds = 0.0  # slice-seconds of lent slices already reclaimed
     self._lent: dict[int, float] = {}  # lent slice -> since when
 
   def useful(self, slice_seconds: float) -> None:
     self.useful_seconds += slice_seconds
 
-  def lost(self, slice_seconds: float) -> None:
+  def lost(self, slice_seconds: float, tokens: int = 0) -> None:
     self.lost_seconds += slice_seconds
+    self.lost_tokens += tokens
 
   def lend(self, slice_index: int, now: float) -> None:
     """A lent slice is allocated to the run from `now` on."""
@@ -30,11 +35,12 @@ class Ledger:
     return self.lent_seconds + sum(now - at for at in self._lent.values())
 
   def snapshot(self) -> dict:
-    return dict(useful_seconds=self.useful_seconds, lost_seconds=self.lost_seconds, lent_seconds=self.lent_seconds,
-                lent=sorted(self._lent.items()))
+    return dict(useful_seconds=self.useful_seconds, lost_seconds=self.lost_seconds, lost_tokens=self.lost_tokens,
+                lent_seconds=self.lent_seconds, lent=sorted(self._lent.items()))
 
   def restore(self, saved: dict) -> None:
     self.useful_seconds, self.lost_seconds = saved["useful_seconds"], saved["lost_seconds"]
+    self.lost_tokens = saved.get("lost_tokens", math.nan)  # (not counted before: unknown)
     self.lent_seconds, self._lent = saved["lent_seconds"], {s: at for s, at in saved["lent"]}
 
   def goodput(self, elapsed: float) -> float:

@@ -80,8 +80,9 @@ class RunLog:
     seconds, self._adopt_seconds = self._adopt_seconds, []
     return sum(seconds) / len(seconds) if seconds else float("nan")
 
-  def fault(self, kind: str, learner: int, now: float, detail: str) -> None:
-    self.faults.append(self.logger.log("fault", dict(fault=kind, learner=learner, time=now, detail=detail)))
+  def fault(self, kind: str, learner: int, now: float, detail: str, **cost: float) -> None:
+    """A fault's record; `cost`: what work it lost (Budget.lose: tokens_written_off, slice_seconds_lost)."""
+    self.faults.append(self.logger.log("fault", dict(fault=kind, learner=learner, time=now, detail=detail, **cost)))
 
   def merged(self, report: Report) -> None:
     """The report's data reached Θ."""
@@ -185,7 +186,8 @@ class RunLog:
                     gathered=float(np.mean([n > 1 for n in merged_counts] or [0])),
                     busy_mean=float(np.mean(busy)), busy_min=float(np.min(busy)),
                     device_idle_max=float(np.max(idle)), device_idle_mean=float(np.mean(idle)),
-                    goodput=ledger.goodput(now),
+                    goodput=ledger.goodput(now), tokens_written_off=ledger.lost_tokens,
+                    slice_seconds_lost=ledger.lost_seconds,
                     uptime=uptime([(a, b) for _, a, b, state in intervals if state == TRAINING], now),
                     faults=sum(f["fault"] in INJECTED for f in self.faults),
                     bytes_up=self.links.bytes_up, bytes_down=self.links.bytes_down,

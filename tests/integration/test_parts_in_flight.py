@@ -193,7 +193,7 @@ def test_with_crashes_injected_two_parts_in_flight_train_the_same_theta_as_one_a
   for a, b in zip(records[1], records[2], strict=True):
     assert a.keys() == b.keys()
     for key in a:
-      if key in ("time", "grace", "busy", "goodput", "lost_seconds"):
+      if key in ("time", "grace", "busy", "goodput", "slice_seconds_lost"):
         np.testing.assert_allclose(a[key], b[key], rtol=1e-12)
       elif key not in ("wall_time", "detail"):
         assert a[key] == b[key], (key, a, b)

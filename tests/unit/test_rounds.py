@@ -1,5 +1,6 @@
 """The rounds on their own: parts dispatched within the token budget, reports up, Θ down, write-offs."""
 
+import math
 import types
 
 from controller_fakes import FakeLearner, FakeLog, FakeSyncer
@@ -78,7 +79,8 @@ def test_lost_tokens_go_back_into_the_budget_and_a_finished_learner_pulls_theta_
   dispatched = h.budget.tokens_dispatched
   h.budget.lose(100, 2.5, ("crash", 0, "test"))
   assert h.budget.tokens_dispatched == dispatched - 100 and h.learners[2].status == WAITING
-  assert h.ledger.lost_seconds == 2.5 and h.log.kinds() == ["crash"]
+  assert h.ledger.lost_seconds == 2.5 and h.ledger.lost_tokens == 100 and h.log.kinds() == ["crash"]
+  assert h.log.faults[0]["tokens_written_off"] == 100 and h.log.faults[0]["slice_seconds_lost"] == 2.5
   assert h.links.sent_down == [(2, 0.0)]
   events = [h.clock.next_event()[1] for _ in range(h.clock.pending())]
   assert [(e.kind, e.learner) for e in events if e.kind == EventKind.PARAMS_ARRIVED] == [(EventKind.PARAMS_ARRIVED, 2)]
@@ -100,8 +102,12 @@ def test_a_report_dropped_by_its_link_times_out_and_its_learner_pulls_the_curren
 def test_the_budget_survives_a_snapshot_with_its_ledger(tiny_config):
   h = _rounds(tiny_config)
   h.rounds.start_round(h.learners[0])
-  h.budget.lose(0, 1.5)
+  h.budget.lose(40, 1.5)
   again = _rounds(tiny_config).budget
   again.restore(h.budget.snapshot(None), None)
   assert again.snapshot(None) == h.budget.snapshot(None) and again.tokens_dispatched > 0
-  assert again.ledger.lost_seconds == 1.5
+  assert again.ledger.lost_seconds == 1.5 and again.ledger.lost_tokens == 40
+  older = h.budget.snapshot(None)  # (a checkpoint from before the ledger counted tokens: unknown, not 0)
+  del older["ledger"]["lost_tokens"]
+  again.restore(older, None)
+  assert math.isnan(again.ledger.lost_tokens) and again.ledger.lost_seconds == 1.5
