@@ -7,7 +7,8 @@ the real clock with M learners, backend "local" or "ray", and reads its merge re
 learner in an actor copies and sends its report, plus the merge worker's copy to the syncer's host), and Θ's bytes
 per host second on its way down (the `deliver` calls, where an actor takes Θ from the object store, the worker's
 laying-out of Θ on learners' slices, and the adoptions). Bytes are the payloads the links count (bytes_up and
-bytes_down of the records). Each cell appends its row to the rows file as it ends and is skipped when its row is
+bytes_down of the records). Round trips: the calls the controller made to the learners' actors and waited for (a
+part's future, `part_done`, is not one), over the whole run, per merge. Each cell appends its row to the rows file as it ends and is skipped when its row is
 there, so a study stopped part way goes on where it stopped.
 """
 
@@ -24,8 +25,8 @@ from runtime.reporting.summary import summary_table
 from runtime.reporting import provenance
 
 BACKENDS = ("local", "ray")
-COLUMNS = ("learners", "backend", "merges", "wall_ms_per_merge", "controller_cpu_ms_per_merge", "report_MB_per_s",
-           "theta_MB_per_s", "tokens_per_wall_s")
+COLUMNS = ("learners", "backend", "merges", "wall_ms_per_merge", "controller_cpu_ms_per_merge", "round_trips_per_merge",
+           "report_MB_per_s", "theta_MB_per_s", "tokens_per_wall_s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +52,10 @@ def cell_config(config: ml_collections.ConfigDict, learners: int, backend: str) 
   return config
 
 
-def row_of(learners: int, backend: str, records: Sequence[dict], skip: int, tokens_per_wall_s: float) -> dict:
-  """A cell's row from its merge records after the first `skip` (the bytes counted from the last one skipped)."""
+def row_of(learners: int, backend: str, records: Sequence[dict], skip: int, tokens_per_wall_s: float,
+           calls: dict[str, int] | None = None) -> dict:
+  """A cell's row from its merge records after the first `skip` (the bytes counted from the last one skipped);
+  `calls`: the run's calls to actors by method (ray_learner.CALLS; None in process)."""
   merges = [r for r in records if r["kind"] == "merge"]
   if len(merges) < skip + 2:
     raise ValueError(f"{len(merges)} merges: too few to time after skipping {skip} (raise total_steps)")
@@ -66,6 +69,8 @@ def row_of(learners: int, backend: str, records: Sequence[dict], skip: int, toke
   return dict(learners=learners, backend=backend, merges=len(timed),
               wall_ms_per_merge=1e3 * (timed[-1]["wall"] - before["wall"]) / len(timed),
               controller_cpu_ms_per_merge=1e3 * total("host_controller_cpu_s") / len(timed),
+              round_trips_per_merge=(math.nan if calls is None else
+                                     (sum(calls.values()) - calls.get("part_done", 0)) / len(merges)),
               report_MB_per_s=up / 1e6 / report_s if report_s else math.nan,
               theta_MB_per_s=down / 1e6 / theta_s if theta_s else math.nan,
               tokens_per_wall_s=tokens_per_wall_s, commit=provenance.git_commit())
@@ -81,12 +86,20 @@ def run(config: ml_collections.ConfigDict, rows_path: str | os.PathLike, cfg: Ra
   prepare(cell_config(config, max(cfg.learners), "local"))  # (simulated devices for the largest, before JAX starts)
   for m, backend in [c for c in cells if c not in done]:
     run_cfg = prepare(cell_config(config, m, backend))
+    calls = _ray_calls() if backend == "ray" else None
+    before = dict(calls or {})
     result = train_one(run_cfg, Experiment(run_cfg), None, f"M={m} {backend}")
-    append_row(rows_path, row_of(m, backend, result.records, cfg.skip, result.tokens_per_second))
+    made = None if calls is None else {name: n - before.get(name, 0) for name, n in calls.items()}
+    append_row(rows_path, row_of(m, backend, result.records, cfg.skip, result.tokens_per_second, made))
   rows = [r for r in read_rows(rows_path) if (r["learners"], r["backend"]) in cells]
   print(summary_table(rows, COLUMNS, title=None if markdown else f"learners in Ray actors vs in process: {rows_path}",
                       markdown=markdown))
   return rows
+
+
+def _ray_calls() -> dict[str, int]:
+  from runtime.diloco.learner import ray_learner  # pylint: disable=g-import-not-at-top  (ray: imported for its cells)
+  return ray_learner.CALLS
 
 
 def main(config: ml_collections.ConfigDict, workdir: None, rows_path: str, cfg: RayBenchConfig,

@@ -91,6 +91,10 @@ def test_learners_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_pa
   monkeypatch.setattr(ray_learner._Gang, "__init__",  # pylint: disable=protected-access
                       lambda self, *args, **kw: events.append("made") or made(self, *args, **kw))
   monkeypatch.setattr(ray_learner.RayLearner, "join", lambda self: events.append("joined") or join(self))
+  calls, call = [], ray_learner._Gang.call  # pylint: disable=protected-access
+  monkeypatch.setattr(ray_learner._Gang, "call",  # pylint: disable=protected-access
+                      lambda self, name, *a, **kw: calls.append(a[0] if name == "call" else name) or call(
+                          self, name, *a, **kw))
   results = {}
   for backend in ("ray", "local"):
     config = _smoke(backend, schedule)
@@ -99,6 +103,10 @@ def test_learners_in_actors_train_the_in_process_run_bit_for_bit(cluster, tmp_pa
   remote, local = _records(tmp_path / "ray" / "decoupled"), _records(tmp_path / "local" / "decoupled")
   assert len(remote) >= 9 and remote == local
   assert events[:4] == ["made", "made", "joined", "joined"]  # both actors' processes start before either is awaited
+  # the moves of a learner's book alone (a report sent or settled, waiting, done) ride with its next call, and when
+  # its parts end is read off its last answer
+  assert not {"report_sent", "report_settled", "wait", "finish", "needs_theta_at", "parts_end_at"} & set(calls), (
+      sorted(set(calls)))
   merges = sum(r["kind"] == "merge" for r in remote)
   assert merges >= 6
   if not schedule:  # Θ put once for both learners: at the start, and after each merge

@@ -21,6 +21,10 @@ def test_a_row_times_the_merges_after_those_skipped_and_counts_bytes_from_the_la
   assert row["controller_cpu_ms_per_merge"] == pytest.approx(4.0)
   assert row["report_MB_per_s"] == pytest.approx(3.0 / (3 * 0.02))  # 3 MB up in 3 x (report + its copy)
   assert row["theta_MB_per_s"] == pytest.approx(9.0 / (3 * (0.02 + 2 * 0.005)))  # adoptions: mean x merged
+  assert math.isnan(row["round_trips_per_merge"])  # (none counted: in process)
+  calls = {"collect": 12, "report": 12, "part_done": 12, "dispatch": 6}
+  row = bench.row_of(4, "ray", records, skip=2, tokens_per_wall_s=10.0, calls=calls)
+  assert row["round_trips_per_merge"] == pytest.approx(30 / 6)  # (a part's future waits, it is no round trip)
 
 
 def test_a_merge_without_adoptions_counts_none_and_too_few_merges_are_refused():

@@ -236,7 +236,7 @@ class Learner:
 
   def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
     """When the learner will wait for Θ: the end of its last overlap part in flight (now, if it is waiting)."""
-    return now if not self.parts or self.parts[-1].kind != OVERLAP else self.parts.ends_at(seconds_per_step)
+    return self.parts.needs_theta_at(now, seconds_per_step)
 
   # Reports and Θ ----------------------------------------------------------------------------------
 

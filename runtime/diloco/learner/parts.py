@@ -8,14 +8,33 @@ part started from: its state and data position.
 """
 
 import dataclasses
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from runtime.checkpoint import snapshot as snapshot_lib
 from runtime.diloco.learner.device_timeline import DeviceTimeline
+from runtime.diloco.round_plan import OVERLAP
 from runtime.train.programs import TrainState
+
+
+def ends_at(times: Sequence[tuple[float, float, float, int]], seconds_per_step: float) -> float:
+  """When the last of these parts in flight (oldest first, each as `RoundPart.times`) finishes: modeled, or estimated
+  from a typical step time, each part after the one ahead of it. Plain values: a learner in another process answers
+  with them (ray_host.figures), and the controller reads the same time off them."""
+  ends = 0.0
+  for started_at, queued_seconds, modeled_seconds, steps in times:
+    ends = (started_at + queued_seconds + modeled_seconds if modeled_seconds
+            else max(started_at, ends) + steps * seconds_per_step)
+  return ends
+
+
+def needs_theta_at(kinds: Sequence[str], times: Sequence[tuple[float, float, float, int]], now: float,
+                   seconds_per_step: float) -> float:
+  """When a learner with these parts in flight (their kinds and times, oldest first) will wait for Θ: the end of its
+  last part if that is an overlap part, else now."""
+  return ends_at(times, seconds_per_step) if kinds and kinds[-1] == OVERLAP else now
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,11 +56,13 @@ class RoundPart:
     """What the clock awaits: the part's device results."""
     return self.state, self.metrics
 
-  def ends_at(self, seconds_per_step: float, ahead_ends_at: float = 0.0) -> float:
-    """When the part finishes: modeled, or estimated from a typical step time (and when the part ahead ends)."""
-    if self.modeled_seconds:
-      return self.started_at + self.queued_seconds + self.modeled_seconds
-    return max(self.started_at, ahead_ends_at) + self.steps * seconds_per_step
+  @property
+  def times(self) -> tuple[float, float, float, int]:
+    """What says when it ends (`ends_at`): when it started, its modeled wait and time, its steps."""
+    return self.started_at, self.queued_seconds, self.modeled_seconds, self.steps
+
+  def ends_at(self, seconds_per_step: float) -> float:
+    return ends_at([self.times], seconds_per_step)
 
   def modeled_end(self) -> float:
     """When its modeled time ends: the clock's time of its PART_DONE event (the same sum, to the bit)."""
@@ -102,10 +123,11 @@ class PartQueue:
 
   def ends_at(self, seconds_per_step: float) -> float:
     """When the last part in flight finishes: modeled, or estimated from a typical step time."""
-    ends = 0.0
-    for part in self._parts:
-      ends = part.ends_at(seconds_per_step, ends)
-    return ends
+    return ends_at([part.times for part in self._parts], seconds_per_step)
+
+  def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
+    """When its learner will wait for Θ (`needs_theta_at`)."""
+    return needs_theta_at([p.kind for p in self._parts], [p.times for p in self._parts], now, seconds_per_step)
 
   def snapshot(self, packer: snapshot_lib.Packer, group: str, with_state: bool = True) -> dict:
     """The oldest part under the checkpoint's old key `inflight`, those queued behind it, and the timeline; the

@@ -110,15 +110,24 @@ class LearnerHost:
     """Its first answer: the book's figures as the actor starts (a gang's member: once the gang has joined)."""
     return None, self.figures()
 
-  def call(self, name: str, args: tuple, kwargs: dict) -> tuple[Any, dict]:
-    """Runs the learner's method with Θ laid out on the host as the syncer holds it; its result as host values, and
-    the book's figures after it."""
+  def call(self, name: str, args: tuple, kwargs: dict, notes: tuple = ()) -> tuple[Any, dict]:
+    """Runs the learner's method with Θ laid out on the host as the syncer holds it (after the book's moves the
+    controller noted, `noted`); its result as host values, and the book's figures after it."""
+    self.noted(notes)
     args = tuple(self._inbound(a) for a in args)
     return self._outbound(getattr(self._learner, name)(*args, **kwargs)), self.figures()
 
-  def dispatch(self, *args, grant: np.ndarray | None = None, **kwargs) -> tuple[PartRecord, dict]:
+  def noted(self, notes: list[tuple[str, tuple]]) -> tuple[None, dict]:
+    """The learner's methods that only move its book, called in the order the controller made them (and made on its
+    copy of the book then: RayLearner._note)."""
+    for name, args in notes:
+      getattr(self._learner, name)(*args)
+    return None, self.figures()
+
+  def dispatch(self, *args, grant: np.ndarray | None = None, notes: tuple = (), **kwargs) -> tuple[PartRecord, dict]:
     """The learner's dispatch, with the data service's serials the controller leased for it (`grant`); under the real
     clock its part is numbered for `part_done`."""
+    self.noted(notes)
     if grant is not None:
       self._learner.leased.grants.grant(grant)
     try:
@@ -171,7 +180,8 @@ class LearnerHost:
       rows[name], sent[name] = (sent[name], kept[sent[name]:]), len(kept)
     scalars = {f.name: getattr(book, f.name) for f in dataclasses.fields(book) if f.name not in _ROWS}
     return dict(book=scalars, rows=rows, slices=learner.slices, slice_index=learner.slice_index,
-                parts=tuple(p.kind for p in learner.parts), queued_steps=sum(p.steps for p in learner.parts),
+                parts=tuple(p.kind for p in learner.parts), times=tuple(p.times for p in learner.parts),
+                queued_steps=sum(p.steps for p in learner.parts),
                 live_tokens=learner.parts.live_tokens(), pid=os.getpid(), processes=jax.process_count(),
                 has_theta=learner.inbox is not None, owed_fragment=learner.owed_fragment(),
                 live_bases=learner.live_bases(), leased=0 if learner.leased is None else learner.leased.leased)

@@ -30,6 +30,7 @@ resumes with new actors.
 """
 
 import atexit
+import collections
 import contextlib
 import dataclasses
 import os
@@ -46,6 +47,7 @@ from runtime.config.run import RunConfig
 from runtime.data.service import LeasedStream
 from runtime.diloco.learner.book import LearnerBook
 from runtime.diloco.learner.interface import Failure
+from runtime.diloco.learner import parts as parts_lib
 from runtime.diloco.learner.lifecycle import ABSENT, DONE, DOWN, STATE_LOST, WAITING
 from runtime.diloco.learner.ray_host import LearnerHost, PartRecord, Theta, host_tree
 from runtime.diloco.sync.messages import Delivery, Report
@@ -56,6 +58,9 @@ PyTree = Any
 
 # the calls that start its processes or compile (a longer deadline)
 _COMPILING = ("joined", "warm_up", "revive", "take_over")
+# calls made to learners' actors in this process, by the learner's method (a gang's once; read by launch.bench_ray)
+CALLS: collections.Counter = collections.Counter()
+_TAKE_NOTES = ("call", "dispatch")  # the actor's methods that make the moves noted (`_note`) before their own
 
 
 class _PartDone:
@@ -118,6 +123,7 @@ class _Gang:
                     for rank in range(size)]
 
   def call(self, name: str, *args, **kwargs) -> list[Any]:
+    CALLS[args[0] if name == "call" else name] += 1
     return [getattr(member, name).remote(*args, **kwargs) for member in self.members]
 
   def kill(self) -> None:
@@ -181,6 +187,7 @@ class RayLearner:
     self._hang = (run.ray.hang_seconds, run.ray.hang_factor) if run.clock.kind == "real" else None
     self._step_seconds = 0.0
     self._starting: list[Any] | None = None  # a new gang's first call, not waited for when made
+    self._notes: list[tuple[str, tuple]] = []  # calls that only move its book, made here, for the actor (`_note`)
     # (its processes start in the background; a learner of lent capacity is on none of its slices until one is lent)
     self._actor = _Gang(ray, self._made, index, () if absent else slices, absent)
     self._joining: list[Any] | None = self._actor.call("joined")
@@ -236,11 +243,16 @@ class RayLearner:
     is given a new process at once and asked there."""
     if self._lost is not None:
       raise self._lost
+    notes, self._notes, sent = self._notes, [], kwargs
     try:
       if self._starting is not None:  # (answered before this call is made)
         starting, self._starting = self._starting, None
         self._keep(self._answer(starting, "revive")[1])
-      result, figures = self._answer(self._actor.call(name, *args, **kwargs), args[0] if name == "call" else name)
+      if notes and name in _TAKE_NOTES:
+        sent = dict(kwargs, notes=notes)
+      elif notes:
+        self._keep(self._answer(self._actor.call("noted", notes), "noted")[1])
+      result, figures = self._answer(self._actor.call(name, *args, **sent), args[0] if name == "call" else name)
     except self._ray.exceptions.RayTaskError as error:
       raise error.cause from None  # the learner's own error, as the controller handles it in process
     except self._ray.exceptions.RayActorError as error:
@@ -255,6 +267,14 @@ class RayLearner:
 
   def _call(self, name: str, *args, **kwargs) -> Any:
     return self._ask("call", name, args, kwargs)
+
+  def _note(self, name: str, *args: Any, book: Callable[[], None]) -> None:
+    """The learner's method `name`, one that only moves its book (`book`: the same move, made on the book here at
+    once), carried to the actor with its next call (one round trip fewer; the actor makes the moves first, in order).
+    A learner whose process was found ended has its book here only."""
+    book()
+    if self._lost is None:
+      self._notes.append((name, args))
 
   def _answer(self, refs: list[Any], name: str) -> tuple[Any, dict]:
     """The answer to the actors' call `name` (the first's result and figures, with every actor's process id): by its
@@ -299,7 +319,8 @@ class RayLearner:
     self._lost = None
     if status:  # (the new actor books the same move; its answer is awaited at the next call)
       book.set_status(f"learner {self.index}", status, now)
-      self._figures = dict(figures, slices=(), slice_index=-1, parts=(), queued_steps=0, live_tokens=0, has_theta=False)
+      self._figures = dict(figures, slices=(), slice_index=-1, parts=(), times=(), queued_steps=0, live_tokens=0,
+                           has_theta=False)
     return failure
 
   def _new_actor(self, slices: tuple[int, ...], now: float, status: str, theta: Theta | None,
@@ -318,6 +339,7 @@ class RayLearner:
       self._made = (tuple(slices), sum(len(group) for group in groups), *self._made[2:])
     self._actor.kill()
     self._actor = _Gang(self._ray, self._made, self.index, tuple(slices), False)
+    self._notes = []  # (the new actor starts from the book here, which made them)
 
   def arm(self, how: str, *args, **kwargs) -> None:
     """Arms (or disarms) a crash in the actor's injector. A lost process has no program to arm; a new one starting
@@ -347,7 +369,7 @@ class RayLearner:
     return self._figures["has_theta"]
 
   def parts_end_at(self, seconds_per_step: float) -> float:
-    return self._call("parts_end_at", seconds_per_step)
+    return parts_lib.ends_at(self._figures["times"], seconds_per_step)  # (as of the last answer: Learner's sum)
 
   def seconds_per_step(self, part: PartRecord) -> float:
     """As measured when the part was collected (its record carries it); kept: its parts' deadlines follow it."""
@@ -355,7 +377,9 @@ class RayLearner:
     return self._step_seconds
 
   def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
-    return self._or_book(lambda: now, "needs_theta_at", now, seconds_per_step, reads=True)  # (lost: no parts)
+    if self._lost is not None:  # (its parts are lost with its process)
+      return now
+    return parts_lib.needs_theta_at(self._figures["parts"], self._figures["times"], now, seconds_per_step)
 
   def busy_fraction(self, now: float) -> float:
     return self._book.busy_fraction(now)  # (its book's: Learner.busy_fraction)
@@ -394,11 +418,12 @@ class RayLearner:
     return self._call("report", now)
 
   def report_sent(self, report: Report) -> None:
-    self._call("report_sent", dataclasses.replace(report, params=None))  # (its book reads the counts only)
+    report = dataclasses.replace(report, params=None)  # (its book reads the counts only)
+    self._note("report_sent", report, book=lambda: self._book.sent(report))
 
   def report_settled(self, report: Report, merged: bool) -> None:
     report = dataclasses.replace(report, params=None)
-    self._or_book(lambda: self._book.settled(report, merged), "report_settled", report, merged)
+    self._note("report_settled", report, merged, book=lambda: self._book.settled(report, merged))
 
   def owed_fragment(self) -> int:
     return self._figures["owed_fragment"]  # (as of the last answer: read at every event, it costs no round trip)
@@ -421,10 +446,10 @@ class RayLearner:
 
   # Its status, when nothing runs
   def finish(self, now: float) -> None:
-    self._or_book(lambda: self._book.set_status(f"learner {self.index}", DONE, now), "finish", now)
+    self._note("finish", now, book=lambda: self._book.set_status(f"learner {self.index}", DONE, now))
 
   def wait(self, now: float) -> None:
-    self._or_book(lambda: self._book.set_status(f"learner {self.index}", WAITING, now), "wait", now)
+    self._note("wait", now, book=lambda: self._book.set_status(f"learner {self.index}", WAITING, now))
 
   def reconfigure(self, now: float) -> None:
     self._call("reconfigure", now)
