@@ -8,8 +8,8 @@ learner in an actor copies and sends its report, plus the merge worker's copy to
 per host second on its way down (the `deliver` calls, where an actor takes Θ from the object store, the worker's
 laying-out of Θ on learners' slices, and the adoptions). Bytes are the payloads the links count (bytes_up and
 bytes_down of the records). Round trips: the calls the controller made to the learners' actors and waited for (a
-part's future, `part_done`, is not one), over the whole run, per merge. Each cell appends its row to the rows file as it ends and is skipped when its row is
-there, so a study stopped part way goes on where it stopped.
+part's future, `part_done`, is not one), over the whole run, per merge. Each cell appends its row to the rows file
+as it ends and is skipped when its row is there, so a study stopped part way goes on where it stopped.
 """
 
 import dataclasses

@@ -4,6 +4,7 @@ answering is a removed future: the learner crashes once, a new actor (or gang) t
 the run trains its budget with no token merged twice. (Under the virtual clock, the equality with in-process runs:
 test_ray_backend.py.)"""
 
+import math
 import os
 import re
 import signal
@@ -219,3 +220,27 @@ def test_a_learner_whose_process_is_found_ended_as_the_run_finishes_still_has_th
   records = _records(tmp_path / "decoupled")
   again = Controller(run, Experiment(run), tmp_path, "decoupled").train()  # (resumed from the final checkpoint)
   assert again.final_eval_loss == result.final_eval_loss and _records(tmp_path / "decoupled") == records
+
+
+def test_a_move_of_the_book_noted_while_a_new_actor_starts_stays_when_that_actor_is_found_ended_too(cluster,
+                                                                                                    tmp_path):
+  # Learner 1's process SIGKILLed before the run, found and failed: a new actor starts from its book (down). "Done"
+  # is noted (made on the book here at once, carried by its next call); that call takes the new actor's first answer
+  # (its book as revived: down) and finds the new process killed too. The learner stays done, as noted (the moves
+  # noted since the revive are made again on the answer), not rolled back to down and revived from there
+  del cluster
+  run = modes.prepare(_smoke("ray"))
+  controller = Controller(run, Experiment(run), tmp_path, "decoupled")
+  learner = controller.learners[1]
+  os.kill(learner.pids[0], signal.SIGKILL)
+  time.sleep(0.5)
+  assert math.isnan(learner.device_idle()) and learner.process_lost() is not None  # (found, answered from its book)
+  learner.fail(0.0)  # (its crash, as the controller makes it: SliceLifecycle.crash_lost)
+  assert learner.status == "down" and learner.process_lost() is None
+  revived = ray.get(learner._starting[0])  # pylint: disable=protected-access  (the new actor's first answer)
+  os.kill(revived[1]["pid"], signal.SIGKILL)
+  time.sleep(0.5)
+  learner.finish(1.0)
+  assert learner.status == "done"
+  assert math.isnan(learner.device_idle()) and learner.process_lost() is not None
+  assert learner.status == "done" and learner.intervals[-1][2:] == (1.0, "down")

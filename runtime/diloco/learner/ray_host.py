@@ -113,21 +113,25 @@ class LearnerHost:
   def call(self, name: str, args: tuple, kwargs: dict, notes: tuple = ()) -> tuple[Any, dict]:
     """Runs the learner's method with Θ laid out on the host as the syncer holds it (after the book's moves the
     controller noted, `noted`); its result as host values, and the book's figures after it."""
-    self.noted(notes)
+    self._make(notes)
     args = tuple(self._inbound(a) for a in args)
     return self._outbound(getattr(self._learner, name)(*args, **kwargs)), self.figures()
 
   def noted(self, notes: list[tuple[str, tuple]]) -> tuple[None, dict]:
+    """The moves of the learner's book the controller noted (`_make`), on their own; the book's figures after."""
+    self._make(notes)
+    return None, self.figures()
+
+  def _make(self, notes: list[tuple[str, tuple]]) -> None:
     """The learner's methods that only move its book, called in the order the controller made them (and made on its
-    copy of the book then: RayLearner._note)."""
+    copy of the book then: RayLearner._note); the rows they add go with the answer of the call that carried them."""
     for name, args in notes:
       getattr(self._learner, name)(*args)
-    return None, self.figures()
 
   def dispatch(self, *args, grant: np.ndarray | None = None, notes: tuple = (), **kwargs) -> tuple[PartRecord, dict]:
     """The learner's dispatch, with the data service's serials the controller leased for it (`grant`); under the real
     clock its part is numbered for `part_done`."""
-    self.noted(notes)
+    self._make(notes)
     if grant is not None:
       self._learner.leased.grants.grant(grant)
     try:
@@ -141,8 +145,9 @@ class LearnerHost:
       self._running[record.serial] = part.future
     return record, self.figures()
 
-  def collect(self, now: float) -> tuple[PartRecord, dict]:
+  def collect(self, now: float, notes: tuple = ()) -> tuple[PartRecord, dict]:
     """The learner's collect; the part's record carries its step time (read by the controller with no round trip)."""
+    self._make(notes)
     part = self._learner.collect(now)
     return dataclasses.replace(self._outbound(part), step_seconds=self._learner.seconds_per_step(part)), self.figures()
 

@@ -58,9 +58,7 @@ PyTree = Any
 
 # the calls that start its processes or compile (a longer deadline)
 _COMPILING = ("joined", "warm_up", "revive", "take_over")
-# calls made to learners' actors in this process, by the learner's method (a gang's once; read by launch.bench_ray)
-CALLS: collections.Counter = collections.Counter()
-_TAKE_NOTES = ("call", "dispatch")  # the actor's methods that make the moves noted (`_note`) before their own
+CALLS = collections.Counter()  # calls to learners' actors in this process, by method (a gang's once): launch.bench_ray
 
 
 class _PartDone:
@@ -187,7 +185,7 @@ class RayLearner:
     self._hang = (run.ray.hang_seconds, run.ray.hang_factor) if run.clock.kind == "real" else None
     self._step_seconds = 0.0
     self._starting: list[Any] | None = None  # a new gang's first call, not waited for when made
-    self._notes: list[tuple[str, tuple]] = []  # calls that only move its book, made here, for the actor (`_note`)
+    self._notes: list[tuple[str, tuple, Callable]] = []  # calls that only move its book, made here (`_note`)
     # (its processes start in the background; a learner of lent capacity is on none of its slices until one is lent)
     self._actor = _Gang(ray, self._made, index, () if absent else slices, absent)
     self._joining: list[Any] | None = self._actor.call("joined")
@@ -243,15 +241,17 @@ class RayLearner:
     is given a new process at once and asked there."""
     if self._lost is not None:
       raise self._lost
-    notes, self._notes, sent = self._notes, [], kwargs
+    notes, self._notes = self._notes, []
     try:
       if self._starting is not None:  # (answered before this call is made)
         starting, self._starting = self._starting, None
         self._keep(self._answer(starting, "revive")[1])
-      if notes and name in _TAKE_NOTES:
-        sent = dict(kwargs, notes=notes)
-      elif notes:
-        self._keep(self._answer(self._actor.call("noted", notes), "noted")[1])
+        for _, _, move in notes:  # (its answer holds the book as it was revived: the moves noted since, again)
+          move()
+      moves, carried = [note[:2] for note in notes], name in ("call", "dispatch", "collect")  # (see `_note`)
+      if moves and not carried:
+        self._keep(self._answer(self._actor.call("noted", moves), "noted")[1])
+      sent = dict(kwargs, notes=moves) if moves and carried else kwargs
       result, figures = self._answer(self._actor.call(name, *args, **sent), args[0] if name == "call" else name)
     except self._ray.exceptions.RayTaskError as error:
       raise error.cause from None  # the learner's own error, as the controller handles it in process
@@ -269,12 +269,11 @@ class RayLearner:
     return self._ask("call", name, args, kwargs)
 
   def _note(self, name: str, *args: Any, book: Callable[[], None]) -> None:
-    """The learner's method `name`, one that only moves its book (`book`: the same move, made on the book here at
-    once), carried to the actor with its next call (one round trip fewer; the actor makes the moves first, in order).
-    A learner whose process was found ended has its book here only."""
+    """The learner's method `name`, one that only moves its book (`book`: the same move, made here at once), carried
+    with its next call (its call, dispatch or collect, which make the moves first, in order; else `noted` first)."""
     book()
     if self._lost is None:
-      self._notes.append((name, args))
+      self._notes.append((name, args, book))
 
   def _answer(self, refs: list[Any], name: str) -> tuple[Any, dict]:
     """The answer to the actors' call `name` (the first's result and figures, with every actor's process id): by its
@@ -369,6 +368,8 @@ class RayLearner:
     return self._figures["has_theta"]
 
   def parts_end_at(self, seconds_per_step: float) -> float:
+    if self._lost is not None:  # (its parts went with its process)
+      raise self._lost
     return parts_lib.ends_at(self._figures["times"], seconds_per_step)  # (as of the last answer: Learner's sum)
 
   def seconds_per_step(self, part: PartRecord) -> float:
@@ -377,9 +378,8 @@ class RayLearner:
     return self._step_seconds
 
   def needs_theta_at(self, now: float, seconds_per_step: float) -> float:
-    if self._lost is not None:  # (its parts are lost with its process)
-      return now
-    return parts_lib.needs_theta_at(self._figures["parts"], self._figures["times"], now, seconds_per_step)
+    kinds = () if self._lost is not None else self._figures["parts"]  # (a lost process's parts went with it)
+    return parts_lib.needs_theta_at(kinds, self._figures["times"], now, seconds_per_step)
 
   def busy_fraction(self, now: float) -> float:
     return self._book.busy_fraction(now)  # (its book's: Learner.busy_fraction)
