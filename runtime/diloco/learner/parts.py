@@ -61,9 +61,6 @@ class RoundPart:
     """What says when it ends (`ends_at`): when it started, its modeled wait and time, its steps."""
     return self.started_at, self.queued_seconds, self.modeled_seconds, self.steps
 
-  def ends_at(self, seconds_per_step: float) -> float:
-    return ends_at([self.times], seconds_per_step)
-
   def modeled_end(self) -> float:
     """When its modeled time ends: the clock's time of its PART_DONE event (the same sum, to the bit)."""
     return self.started_at + (self.queued_seconds + self.modeled_seconds)
@@ -90,7 +87,7 @@ class PartQueue:
 
   def queued_seconds(self, now: float, modeled_seconds: float) -> float:
     """The modeled time a part dispatched now waits behind those in flight (0 when time is not modeled)."""
-    return max(self._parts[-1].ends_at(0.0) - now, 0.0) if self._parts and modeled_seconds else 0.0
+    return max(self.ends_at(0.0) - now, 0.0) if self._parts and modeled_seconds else 0.0  # (the last part's end)
 
   def push(self, part: RoundPart, before: tuple[TrainState, dict] | None = None) -> None:
     if not self._parts:
